@@ -1,0 +1,726 @@
+//! The typed configuration: every constant of the LycheeMemory V2 algorithm (SPEC.md) with the
+//! paper's value as the default, plus [`Config::reference_code`], the preset with the values of
+//! the authors' public implementation where it differs from the paper.
+//!
+//! Configs are read from TOML. Every section and field is optional (missing ones take the
+//! default) and unknown keys are rejected, so a typo never silently falls back to a default.
+//!
+//! ```
+//! use lycheemem_core::Config;
+//! let cfg = Config::from_toml_str("[segment]\ncut_threshold = 0.6\n").unwrap();
+//! assert_eq!(cfg.segment.cut_threshold, 0.6);
+//! assert_eq!(cfg.segment.target_tokens, 600);
+//! assert!(Config::from_toml_str("[segment]\ncut_treshold = 0.6\n").is_err());
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::plan::QuestionType;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub models: ModelsConfig,
+    pub segment: SegmentConfig,
+    pub encode: EncodeConfig,
+    pub organize: OrganizeConfig,
+    pub retrieval: RetrievalConfig,
+    pub answer: AnswerConfig,
+}
+
+impl Config {
+    /// The paper's defaults (same as `Config::default()`).
+    pub fn paper() -> Config {
+        Config::default()
+    }
+
+    /// The values of the authors' public reference implementation where they differ from the
+    /// paper: 1000/1500/2000 segment tokens, cut threshold 0.55, no exchange cap, surprise
+    /// against the centroid of the last 2 exchanges, memory type appended to tags.
+    pub fn reference_code() -> Config {
+        let mut cfg = Config::default();
+        cfg.segment.min_tokens = 1000;
+        cfg.segment.target_tokens = 1500;
+        cfg.segment.max_tokens = 2000;
+        cfg.segment.cut_threshold = 0.55;
+        cfg.segment.max_exchanges = 0;
+        cfg.segment.previous_window = 2;
+        cfg.organize.memory_type_as_tag = true;
+        cfg
+    }
+
+    /// A named preset: `paper` or `reference_code`.
+    pub fn preset(name: &str) -> Result<Config> {
+        match name {
+            "paper" => Ok(Config::paper()),
+            "reference_code" => Ok(Config::reference_code()),
+            other => Err(Error::Config(format!(
+                "unknown preset {other:?} (expected paper or reference_code)"
+            ))),
+        }
+    }
+
+    /// Parses TOML, then validates.
+    pub fn from_toml_str(text: &str) -> Result<Config> {
+        let cfg: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn from_toml_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Config::from_toml_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+
+    pub fn to_toml_string(&self) -> String {
+        toml::to_string_pretty(self).expect("config serializes")
+    }
+
+    /// Checks cross-field invariants a typo-free file can still violate.
+    pub fn validate(&self) -> Result<()> {
+        let s = &self.segment;
+        if !(s.min_tokens > 0 && s.min_tokens <= s.target_tokens && s.target_tokens <= s.max_tokens)
+        {
+            return Err(Error::Config(format!(
+                "segment tokens must satisfy 0 < min ({}) <= target ({}) <= max ({})",
+                s.min_tokens, s.target_tokens, s.max_tokens
+            )));
+        }
+        if !(0.0..=1.0).contains(&s.cut_threshold) {
+            return Err(Error::Config(format!(
+                "segment.cut_threshold {} is not in [0, 1]",
+                s.cut_threshold
+            )));
+        }
+        if s.previous_window == 0 || s.surprise_history == 0 {
+            return Err(Error::Config(
+                "segment.previous_window and segment.surprise_history must be >= 1".into(),
+            ));
+        }
+        if self.encode.reference_note_chars > self.encode.reference_context_chars {
+            return Err(Error::Config(
+                "encode.reference_note_chars must not exceed encode.reference_context_chars".into(),
+            ));
+        }
+        let r = &self.retrieval;
+        if r.min_top_k == 0 || r.rrf_kappa <= 0.0 {
+            return Err(Error::Config(
+                "retrieval.min_top_k and retrieval.rrf_kappa must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Which model serves which purpose. Names are entries of `models/manifest.toml`, a local
+/// directory (`dir:<path>`) or, for LLMs, `openai:<model>@<base_url>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelsConfig {
+    /// Where fetched model files live.
+    pub dir: String,
+    /// Sentence embedder (BERT family).
+    pub embedder: String,
+    /// Cross-encoder reranker; empty = no reranking (no reranker weights are available offline).
+    pub reranker: String,
+    /// LLM used to encode segments into records.
+    pub encode_llm: String,
+    /// LLM used by the query planner.
+    pub plan_llm: String,
+    /// LLM used to answer questions.
+    pub answer_llm: String,
+    /// Threads for model inference; 0 = all cores.
+    pub threads: usize,
+    /// Texts per embedding batch.
+    pub embed_batch_size: usize,
+}
+
+impl Default for ModelsConfig {
+    fn default() -> Self {
+        ModelsConfig {
+            dir: "models".into(),
+            embedder: "all-minilm-l6-v2".into(),
+            reranker: String::new(),
+            encode_llm: "local:qwen2.5-coder-0.5b-instruct".into(),
+            plan_llm: "local:qwen2.5-coder-0.5b-instruct".into(),
+            answer_llm: "local:qwen2.5-coder-0.5b-instruct".into(),
+            threads: 0,
+            embed_batch_size: 32,
+        }
+    }
+}
+
+/// Segmentation policy (SPEC §1 and its ablations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentPolicy {
+    /// Online semantic segmentation (the method).
+    Semantic,
+    /// Every exchange is its own segment ("eager" per-turn memory).
+    PerExchange,
+    /// Target-length windows with an exchange cap and no semantic signal.
+    FixedWindow,
+}
+
+/// Online semantic segmentation (SPEC §1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SegmentConfig {
+    pub policy: SegmentPolicy,
+    /// Length-pressure lower anchor (tokens). Paper 300; reference code 1000.
+    pub min_tokens: u32,
+    /// Finalize once a segment reaches this many tokens. Paper 600; reference code 1500.
+    pub target_tokens: u32,
+    /// Never exceed this many tokens. Paper 900; reference code 2000.
+    pub max_tokens: u32,
+    /// Finalize once a segment holds this many exchanges; 0 = no cap. Paper 10; reference
+    /// code: no cap. (A number rather than an `Option` so TOML can express "no cap".)
+    pub max_exchanges: u32,
+    /// Cut when `P_cut >= cut_threshold`. Paper 0.50; reference code 0.55.
+    pub cut_threshold: f64,
+    /// Surprise compares against the centroid of the last `previous_window` exchanges.
+    /// Paper 1 (the last exchange); reference code 2.
+    pub previous_window: usize,
+    /// Size of the ring of past surprise values kept per session.
+    pub surprise_history: usize,
+    /// Text embedded per exchange keeps this many chars from the head and from the tail.
+    pub embed_head_tail_chars: usize,
+    /// Absolute surprise signal `clip((s - center) / scale, lo, hi)`.
+    pub abs_surprise_center: f64,
+    pub abs_surprise_scale: f64,
+    pub abs_surprise_clip: (f64, f64),
+    /// Cohesion signal `min(cap, drop / scale)`.
+    pub cohesion_scale: f64,
+    pub cohesion_cap: f64,
+    /// Robust z needs at least this much history; otherwise z = 0.
+    pub z_min_history: usize,
+    /// MAD consistency constant.
+    pub z_mad_scale: f64,
+    /// MAD of 0 is replaced by this.
+    pub z_mad_floor: f64,
+    pub z_clip: (f64, f64),
+    /// Weight of `max(abs, z_factor * z)`.
+    pub w_surprise: f64,
+    pub z_factor: f64,
+    pub w_cohesion: f64,
+    pub w_length: f64,
+    pub w_turns: f64,
+    /// `P_cut = sigmoid(bias + score)`.
+    pub bias: f64,
+    /// Length pressure: below `short_fraction * min` tokens.
+    pub length_short_fraction: f64,
+    pub length_very_short: f64,
+    /// Linear from `length_short.0` at `short_fraction*min` to `length_short.1` at `min`.
+    pub length_short: (f64, f64),
+    /// Linear on `min..target`.
+    pub length_mid: (f64, f64),
+    /// Linear on `target..max`.
+    pub length_long: (f64, f64),
+    /// At or above max.
+    pub length_over: f64,
+    /// Turn pressure for n <= 1, n = 2, n = 3.
+    pub turns_one: f64,
+    pub turns_two: f64,
+    pub turns_three: f64,
+    /// n >= 4: `min(turns_cap, turns_base + turns_step*(n-4))`.
+    pub turns_base: f64,
+    pub turns_step: f64,
+    pub turns_cap: f64,
+}
+
+impl Default for SegmentConfig {
+    fn default() -> Self {
+        SegmentConfig {
+            policy: SegmentPolicy::Semantic,
+            min_tokens: 300,
+            target_tokens: 600,
+            max_tokens: 900,
+            max_exchanges: 10,
+            cut_threshold: 0.50,
+            previous_window: 1,
+            surprise_history: 64,
+            embed_head_tail_chars: 2000,
+            abs_surprise_center: 0.20,
+            abs_surprise_scale: 0.14,
+            abs_surprise_clip: (-1.0, 2.5),
+            cohesion_scale: 0.06,
+            cohesion_cap: 2.5,
+            z_min_history: 5,
+            z_mad_scale: 1.4826,
+            z_mad_floor: 1e-6,
+            z_clip: (-2.0, 4.0),
+            w_surprise: 0.65,
+            z_factor: 0.45,
+            w_cohesion: 0.45,
+            w_length: 0.90,
+            w_turns: 0.30,
+            bias: -1.10,
+            length_short_fraction: 0.7,
+            length_very_short: -1.30,
+            length_short: (-0.80, 0.00),
+            length_mid: (0.45, 1.90),
+            length_long: (1.90, 2.80),
+            length_over: 3.00,
+            turns_one: -0.85,
+            turns_two: -0.15,
+            turns_three: 0.15,
+            turns_base: 0.30,
+            turns_step: 0.15,
+            turns_cap: 1.0,
+        }
+    }
+}
+
+/// Record style produced by the encoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordStyle {
+    /// Typed atomic records (the method).
+    Typed,
+    /// Ablation: one untyped summary record per segment.
+    SummaryRecords,
+}
+
+/// Segment encoding (SPEC §2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EncodeConfig {
+    pub record_style: RecordStyle,
+    /// Feed the reference context ρ to the encoder (off = `no_cross_segment_context` ablation).
+    pub cross_segment_context: bool,
+    /// Budget for the previous disambiguation note inside ρ.
+    pub reference_note_chars: usize,
+    /// Budget for the whole ρ.
+    pub reference_context_chars: usize,
+    /// Number of most recent record texts of the session included in ρ.
+    pub reference_records: usize,
+    /// Repair retries after malformed output before giving up on a segment.
+    pub repair_retries: u32,
+    /// Completion budget for one encoder call.
+    pub max_output_tokens: u32,
+}
+
+impl Default for EncodeConfig {
+    fn default() -> Self {
+        EncodeConfig {
+            record_style: RecordStyle::Typed,
+            cross_segment_context: true,
+            reference_note_chars: 1200,
+            reference_context_chars: 2400,
+            reference_records: 12,
+            repair_retries: 1,
+            max_output_tokens: 1024,
+        }
+    }
+}
+
+/// Structured evidence organization (SPEC §3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OrganizeConfig {
+    /// Append the memory type to each record's tags (reference code: on; paper: off).
+    pub memory_type_as_tag: bool,
+    /// Cap on a node's searchable text.
+    pub node_text_chars: usize,
+}
+
+impl Default for OrganizeConfig {
+    fn default() -> Self {
+        OrganizeConfig {
+            memory_type_as_tag: false,
+            node_text_chars: 2000,
+        }
+    }
+}
+
+/// Per-question-type retrieval multipliers and bonuses (the SPEC §4 table).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypeProfile {
+    pub m_node: f64,
+    pub m_rec: f64,
+    pub m_turn: f64,
+    /// Raw-turn score multiplier.
+    pub raw_mult: f64,
+    pub assistant_bonus: f64,
+    pub user_bonus: f64,
+    /// Source window: turns on each side of an anchor's evidence turns.
+    pub window: u32,
+    /// Raw-turn share of k and the score ratio against the best record (reference-code values;
+    /// used when `RetrievalConfig::per_type_limiter` is on).
+    pub raw_ratio: f64,
+    pub raw_score_ratio: f64,
+}
+
+/// The table of SPEC §4, one profile per question type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TypeProfiles {
+    pub single: TypeProfile,
+    pub other: TypeProfile,
+    pub prior_assistant_response: TypeProfile,
+    pub personalized_advice: TypeProfile,
+    pub aggregate: TypeProfile,
+    pub temporal: TypeProfile,
+    pub comparison: TypeProfile,
+}
+
+impl TypeProfiles {
+    pub fn get(&self, t: QuestionType) -> &TypeProfile {
+        match t {
+            QuestionType::Single => &self.single,
+            QuestionType::Other => &self.other,
+            QuestionType::PriorAssistantResponse => &self.prior_assistant_response,
+            QuestionType::PersonalizedAdvice => &self.personalized_advice,
+            QuestionType::Aggregate => &self.aggregate,
+            QuestionType::Temporal => &self.temporal,
+            QuestionType::Comparison => &self.comparison,
+        }
+    }
+}
+
+impl Default for TypeProfiles {
+    fn default() -> Self {
+        #[allow(clippy::too_many_arguments)]
+        fn p(
+            m_node: f64,
+            m_rec: f64,
+            m_turn: f64,
+            raw_mult: f64,
+            a: f64,
+            u: f64,
+            window: u32,
+            rr: f64,
+            rs: f64,
+        ) -> TypeProfile {
+            TypeProfile {
+                m_node,
+                m_rec,
+                m_turn,
+                raw_mult,
+                assistant_bonus: a,
+                user_bonus: u,
+                window,
+                raw_ratio: rr,
+                raw_score_ratio: rs,
+            }
+        }
+        TypeProfiles {
+            single: p(1.00, 1.00, 1.00, 1.00, 0.0, 0.0, 1, 0.40, 0.72),
+            other: p(1.00, 1.00, 1.00, 1.00, 0.0, 0.0, 1, 0.40, 0.72),
+            prior_assistant_response: p(0.95, 0.95, 3.00, 1.22, 0.18, 0.04, 4, 0.62, 0.52),
+            personalized_advice: p(1.25, 1.20, 1.80, 1.05, 0.04, 0.08, 3, 0.48, 0.62),
+            aggregate: p(1.55, 1.45, 0.90, 1.00, 0.0, 0.0, 1, 0.40, 0.70),
+            temporal: p(1.35, 1.30, 1.45, 1.00, 0.0, 0.0, 2, 0.42, 0.64),
+            comparison: p(1.35, 1.30, 1.30, 1.00, 0.0, 0.0, 2, 0.40, 0.66),
+        }
+    }
+}
+
+/// Weights of the MMR similarity between two candidates (SPEC §4, Diversity).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimilarityWeights {
+    pub same_session: f64,
+    pub entities: f64,
+    pub variants: f64,
+    pub nodes: f64,
+    pub turns: f64,
+    pub words: f64,
+}
+
+impl Default for SimilarityWeights {
+    fn default() -> Self {
+        SimilarityWeights {
+            same_session: 0.15,
+            entities: 0.20,
+            variants: 0.15,
+            nodes: 0.15,
+            turns: 0.10,
+            words: 0.25,
+        }
+    }
+}
+
+/// Plan-guided multi-route retrieval (SPEC §4), including its ablation switches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrievalConfig {
+    /// k = max(requested, min_top_k).
+    pub min_top_k: usize,
+    /// One planner LLM call per question (off = `no_planner` ablation).
+    pub planner: bool,
+    pub planner_context_chars: usize,
+    pub max_queries: usize,
+    pub max_routes: usize,
+    pub max_queries_per_route: usize,
+    pub max_constraints: usize,
+    /// Query variants per route.
+    pub max_variants: usize,
+    /// Channel switches. `record_vector_only` = only `records`.
+    pub channel_temporal: bool,
+    pub channel_nodes: bool,
+    pub channel_records: bool,
+    pub channel_turns: bool,
+    /// BM25 over records and turns (beyond the paper).
+    pub channel_lexical: bool,
+    /// Recall budgets: node and record recall `max(recall_factor*k, recall_floor) * m`.
+    pub recall_factor: usize,
+    pub recall_floor: usize,
+    /// Raw-turn recall `max(k, turn_recall_floor) * m_turn`.
+    pub turn_recall_floor: usize,
+    /// Temporal recall `max(temporal_factor*k, temporal_floor)` nodes.
+    pub temporal_factor: usize,
+    pub temporal_floor: usize,
+    /// Rerank pool `max(rerank_floor, rerank_factor*k)`.
+    pub rerank_floor: usize,
+    pub rerank_factor: usize,
+    /// Cross-encoder rerank of the route pool (needs a reranker model; off = `no_rerank`).
+    pub rerank: bool,
+    pub types: TypeProfiles,
+    /// Temporal node scores.
+    pub temporal_day_score: f64,
+    pub temporal_month_score: f64,
+    /// Evidence-node weights per kind.
+    pub node_weight_entity: f64,
+    pub node_weight_topic: f64,
+    pub node_weight_entity_topic: f64,
+    pub node_weight_event_frame: f64,
+    pub node_weight_temporal: f64,
+    /// Record field score `record_base + record_scale * r`.
+    pub record_base: f64,
+    pub record_scale: f64,
+    /// Raw-turn field score `(turn_base + turn_scale * r) * raw_mult + role bonus`.
+    pub turn_base: f64,
+    pub turn_scale: f64,
+    /// Lexical field score `lexical_base + lexical_scale * bm25/max_bm25`.
+    pub lexical_base: f64,
+    pub lexical_scale: f64,
+    /// Type bonuses.
+    pub bonus_prior_assistant: f64,
+    pub bonus_personalized: f64,
+    pub bonus_temporal_fields: f64,
+    pub bonus_aggregate_event: f64,
+    /// Temporal boost when the record's time overlaps the filter, else when its session does.
+    pub temporal_boost_record: f64,
+    pub temporal_boost_session: f64,
+    /// Anchors whose evidence turns get source windows.
+    pub window_anchors: usize,
+    /// Route-local score `field*source_weight + r_weight*r + min(variant_cap, variant_step*#variants)`.
+    pub route_r_weight: f64,
+    pub route_variant_step: f64,
+    pub route_variant_cap: f64,
+    /// Fusion across routes (off = `no_fusion`: sort by raw field score, cut to k).
+    pub fusion: bool,
+    pub rrf_kappa: f64,
+    /// RRF over each route's top `max(rrf_depth_factor*k, rrf_depth_factor*quota)`.
+    pub rrf_depth_factor: usize,
+    pub fusion_best_weight: f64,
+    pub fusion_rrf_weight: f64,
+    /// Route quota `max(1, min(quota_cap, k / routes))`.
+    pub quota_cap: usize,
+    /// MMR `mmr_relevance*final - mmr_redundancy*max_sim` over a pool of `mmr_pool_factor*k`.
+    pub mmr: bool,
+    pub mmr_relevance: f64,
+    pub mmr_redundancy: f64,
+    pub mmr_pool_factor: usize,
+    pub similarity: SimilarityWeights,
+    /// Raw-turn/window limiter: at most `max(raw_min, round(k*raw_ratio))` with score >=
+    /// `max(raw_score_floor, raw_score_ratio * best record)`.
+    pub raw_min: usize,
+    pub raw_ratio: f64,
+    pub raw_score_floor: f64,
+    pub raw_score_ratio: f64,
+    /// Use the per-type ratios of the reference code instead of `raw_ratio`/`raw_score_ratio`.
+    pub per_type_limiter: bool,
+}
+
+impl Default for RetrievalConfig {
+    fn default() -> Self {
+        RetrievalConfig {
+            min_top_k: 15,
+            planner: true,
+            planner_context_chars: 2000,
+            max_queries: 16,
+            max_routes: 8,
+            max_queries_per_route: 8,
+            max_constraints: 12,
+            max_variants: 8,
+            channel_temporal: true,
+            channel_nodes: true,
+            channel_records: true,
+            channel_turns: true,
+            channel_lexical: true,
+            recall_factor: 3,
+            recall_floor: 30,
+            turn_recall_floor: 20,
+            temporal_factor: 10,
+            temporal_floor: 100,
+            rerank_floor: 100,
+            rerank_factor: 4,
+            rerank: true,
+            types: TypeProfiles::default(),
+            temporal_day_score: 0.42,
+            temporal_month_score: 0.28,
+            node_weight_entity: 0.34,
+            node_weight_topic: 0.32,
+            node_weight_entity_topic: 0.38,
+            node_weight_event_frame: 0.42,
+            node_weight_temporal: 0.36,
+            record_base: 0.30,
+            record_scale: 0.30,
+            turn_base: 0.34,
+            turn_scale: 0.42,
+            lexical_base: 0.30,
+            lexical_scale: 0.30,
+            bonus_prior_assistant: 0.08,
+            bonus_personalized: 0.05,
+            bonus_temporal_fields: 0.04,
+            bonus_aggregate_event: 0.03,
+            temporal_boost_record: 0.08,
+            temporal_boost_session: 0.04,
+            window_anchors: 5,
+            route_r_weight: 0.03,
+            route_variant_step: 0.01,
+            route_variant_cap: 0.03,
+            fusion: true,
+            rrf_kappa: 60.0,
+            rrf_depth_factor: 4,
+            fusion_best_weight: 0.82,
+            fusion_rrf_weight: 0.18,
+            quota_cap: 4,
+            mmr: true,
+            mmr_relevance: 0.75,
+            mmr_redundancy: 0.25,
+            mmr_pool_factor: 3,
+            similarity: SimilarityWeights::default(),
+            raw_min: 2,
+            raw_ratio: 0.40,
+            raw_score_floor: 0.35,
+            raw_score_ratio: 0.72,
+            per_type_limiter: false,
+        }
+    }
+}
+
+impl RetrievalConfig {
+    /// Applies a named retrieval ablation of the paper's Table 5 (plus `no_lexical`).
+    pub fn apply_ablation(&mut self, name: &str) -> Result<()> {
+        match name {
+            "full" => {}
+            "record_vector_only" => {
+                self.channel_temporal = false;
+                self.channel_nodes = false;
+                self.channel_turns = false;
+                self.channel_lexical = false;
+            }
+            "no_planner" => self.planner = false,
+            "no_fusion" => {
+                self.fusion = false;
+                self.rerank = false;
+                self.mmr = false;
+            }
+            "no_rerank" => self.rerank = false,
+            "no_lexical" => self.channel_lexical = false,
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown retrieval ablation {other:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Answering (SPEC §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnswerConfig {
+    pub max_output_tokens: u32,
+    /// Per-item cap on evidence text in the prompt.
+    pub evidence_item_chars: usize,
+}
+
+impl Default for AnswerConfig {
+    fn default() -> Self {
+        AnswerConfig {
+            max_output_tokens: 256,
+            evidence_item_chars: 1200,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers() {
+        let c = Config::default();
+        assert_eq!(
+            (
+                c.segment.min_tokens,
+                c.segment.target_tokens,
+                c.segment.max_tokens
+            ),
+            (300, 600, 900)
+        );
+        assert_eq!(c.segment.cut_threshold, 0.50);
+        assert_eq!(c.segment.max_exchanges, 10);
+        assert_eq!(
+            c.retrieval
+                .types
+                .get(QuestionType::PriorAssistantResponse)
+                .m_turn,
+            3.00
+        );
+        assert!(!c.organize.memory_type_as_tag);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn reference_preset_differs_where_documented() {
+        let r = Config::reference_code();
+        assert_eq!(
+            (
+                r.segment.min_tokens,
+                r.segment.target_tokens,
+                r.segment.max_tokens
+            ),
+            (1000, 1500, 2000)
+        );
+        assert_eq!(r.segment.cut_threshold, 0.55);
+        assert_eq!(r.segment.max_exchanges, 0);
+        assert_eq!(r.segment.previous_window, 2);
+        r.validate().unwrap();
+        assert!(Config::preset("nope").is_err());
+    }
+
+    #[test]
+    fn toml_round_trip() {
+        let r = Config::reference_code();
+        let back = Config::from_toml_str(&r.to_toml_string()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn rejects_invalid() {
+        assert!(Config::from_toml_str("[segment]\nmin_tokens = 700\n").is_err());
+        assert!(Config::from_toml_str("[retrieval]\nmin_top_k = 0\n").is_err());
+        assert!(Config::from_toml_str("[nonsense]\n").is_err());
+        let err = Config::from_toml_str("[segment]\npolicy = \"bogus\"\n").unwrap_err();
+        assert!(err.to_string().contains("invalid configuration"));
+    }
+
+    #[test]
+    fn ablations_are_switches() {
+        let mut r = RetrievalConfig::default();
+        r.apply_ablation("record_vector_only").unwrap();
+        assert!(r.channel_records && !r.channel_nodes && !r.channel_turns && !r.channel_temporal);
+        assert!(r.apply_ablation("bogus").is_err());
+    }
+}

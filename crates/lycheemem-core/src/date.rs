@@ -1,0 +1,366 @@
+//! Date parsing and normalization for every date format found in the benchmarks and in LLM
+//! output, into ISO day (`YYYY-MM-DD`) and month (`YYYY-MM`) keys.
+//!
+//! Accepted (case-insensitive, surrounding whitespace ignored):
+//! - ISO: `2023-05-08`, `2023-05`, `2023-05-08T13:56:00Z`, `2023-05-08 13:56`
+//! - LongMemEval: `2023/05/30 (Tue) 23:40`, `2023/05/30`
+//! - LoCoMo: `1:56 pm on 8 May, 2023`
+//! - `May 8, 2023`, `May 8th 2023`, `Sept 8, 2023`
+//! - `8 May 2023`, `8 May, 2023`, `8th of May 2023`
+//! - `May 2023`
+
+use chrono::{NaiveDate, NaiveDateTime, NaiveTime};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use std::sync::LazyLock;
+
+/// A calendar date at day or month precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum CalendarDate {
+    Day(NaiveDate),
+    Month { year: i32, month: u32 },
+}
+
+impl CalendarDate {
+    /// `YYYY-MM-DD` or `YYYY-MM`.
+    pub fn iso(&self) -> String {
+        match self {
+            CalendarDate::Day(d) => d.format("%Y-%m-%d").to_string(),
+            CalendarDate::Month { year, month } => format!("{year:04}-{month:02}"),
+        }
+    }
+
+    /// `day:YYYY-MM-DD`, only for day-precision dates.
+    pub fn day_key(&self) -> Option<String> {
+        match self {
+            CalendarDate::Day(d) => Some(format!("day:{}", d.format("%Y-%m-%d"))),
+            CalendarDate::Month { .. } => None,
+        }
+    }
+
+    /// `month:YYYY-MM`.
+    pub fn month_key(&self) -> String {
+        let (year, month) = self.year_month();
+        format!("month:{year:04}-{month:02}")
+    }
+
+    pub fn year_month(&self) -> (i32, u32) {
+        use chrono::Datelike;
+        match *self {
+            CalendarDate::Day(d) => (d.year(), d.month()),
+            CalendarDate::Month { year, month } => (year, month),
+        }
+    }
+
+    /// First day covered.
+    pub fn first_day(&self) -> NaiveDate {
+        match *self {
+            CalendarDate::Day(d) => d,
+            CalendarDate::Month { year, month } => {
+                NaiveDate::from_ymd_opt(year, month, 1).expect("validated month")
+            }
+        }
+    }
+
+    /// Last day covered.
+    pub fn last_day(&self) -> NaiveDate {
+        match *self {
+            CalendarDate::Day(d) => d,
+            CalendarDate::Month { year, month } => {
+                let (ny, nm) = if month == 12 {
+                    (year + 1, 1)
+                } else {
+                    (year, month + 1)
+                };
+                NaiveDate::from_ymd_opt(ny, nm, 1)
+                    .expect("validated month")
+                    .pred_opt()
+                    .expect("not min date")
+            }
+        }
+    }
+}
+
+/// A parsed date with its time of day when the input had one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParsedDate {
+    pub date: CalendarDate,
+    pub time: Option<NaiveTime>,
+}
+
+impl ParsedDate {
+    /// ISO date-time (`YYYY-MM-DDTHH:MM:SS`) when day and time are known, else the ISO date.
+    pub fn iso(&self) -> String {
+        match (self.date, self.time) {
+            (CalendarDate::Day(d), Some(t)) => NaiveDateTime::new(d, t)
+                .format("%Y-%m-%dT%H:%M:%S")
+                .to_string(),
+            _ => self.date.iso(),
+        }
+    }
+}
+
+const MONTH: &str = r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?";
+
+fn re(pattern: &str) -> Regex {
+    Regex::new(pattern).expect("static date regex")
+}
+
+static ISO: LazyLock<Regex> = LazyLock::new(|| {
+    re(
+        r"(?i)^(\d{4})-(\d{1,2})(?:-(\d{1,2}))?(?:[t ](\d{1,2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?(?:z|[+-]\d{2}:?\d{2})?)?$",
+    )
+});
+static SLASH: LazyLock<Regex> = LazyLock::new(|| {
+    re(r"(?i)^(\d{4})/(\d{1,2})/(\d{1,2})(?:\s*\([a-z]+\))?(?:\s+(\d{1,2}):(\d{2}))?$")
+});
+static LOCOMO: LazyLock<Regex> = LazyLock::new(|| {
+    re(&format!(
+        r"(?i)^(\d{{1,2}}):(\d{{2}})\s*([ap])\.?m\.?\s+on\s+(\d{{1,2}})\s+{MONTH},?\s+(\d{{4}})$"
+    ))
+});
+static MONTH_DAY_YEAR: LazyLock<Regex> = LazyLock::new(|| {
+    re(&format!(
+        r"(?i)^{MONTH}\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})$"
+    ))
+});
+static DAY_MONTH_YEAR: LazyLock<Regex> = LazyLock::new(|| {
+    re(&format!(
+        r"(?i)^(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?{MONTH},?\s+(\d{{4}})$"
+    ))
+});
+static MONTH_YEAR: LazyLock<Regex> = LazyLock::new(|| re(&format!(r"(?i)^{MONTH},?\s+(\d{{4}})$")));
+
+/// Scanners for dates inside free text (word-bounded, unanchored).
+static SCAN_DAY: LazyLock<Regex> = LazyLock::new(|| {
+    re(&format!(
+        r"(?i)\b(?:\d{{4}}-\d{{1,2}}-\d{{1,2}}|\d{{4}}/\d{{1,2}}/\d{{1,2}}|{MONTH}\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}|\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?{MONTH},?\s+\d{{4}})\b"
+    ))
+});
+static SCAN_MONTH: LazyLock<Regex> = LazyLock::new(|| {
+    re(&format!(
+        r"(?i)\b(?:\d{{4}}-\d{{1,2}}|{MONTH},?\s+\d{{4}})\b"
+    ))
+});
+
+fn month_number(name: &str) -> Option<u32> {
+    let n = name.to_ascii_lowercase();
+    let idx = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ]
+    .iter()
+    .position(|m| n.starts_with(m))?;
+    Some(idx as u32 + 1)
+}
+
+fn num<T: std::str::FromStr>(s: Option<regex::Match<'_>>) -> Option<T> {
+    s?.as_str().parse().ok()
+}
+
+fn day(year: i32, month: u32, d: u32) -> Option<CalendarDate> {
+    NaiveDate::from_ymd_opt(year, month, d).map(CalendarDate::Day)
+}
+
+fn month(year: i32, month: u32) -> Option<CalendarDate> {
+    ((1..=12).contains(&month) && (1..=9999).contains(&year))
+        .then_some(CalendarDate::Month { year, month })
+}
+
+fn time(h: Option<u32>, m: Option<u32>, s: Option<u32>) -> Option<Option<NaiveTime>> {
+    match (h, m) {
+        (Some(h), Some(m)) => NaiveTime::from_hms_opt(h, m, s.unwrap_or(0)).map(Some),
+        _ => Some(None),
+    }
+}
+
+/// Parses one date (optionally with a time of day) in any accepted format.
+/// Returns `None` for anything else, including impossible dates such as `2023-02-30`.
+pub fn parse_date(input: &str) -> Option<ParsedDate> {
+    let s = input.trim();
+    if let Some(c) = ISO.captures(s) {
+        let (y, m) = (num(c.get(1))?, num(c.get(2))?);
+        let date = match c.get(3) {
+            Some(d) => day(y, m, d.as_str().parse().ok()?)?,
+            None => month(y, m)?,
+        };
+        let time = time(num(c.get(4)), num(c.get(5)), num(c.get(6)))?;
+        if time.is_some() && matches!(date, CalendarDate::Month { .. }) {
+            return None;
+        }
+        return Some(ParsedDate { date, time });
+    }
+    if let Some(c) = SLASH.captures(s) {
+        let date = day(num(c.get(1))?, num(c.get(2))?, num(c.get(3))?)?;
+        return Some(ParsedDate {
+            date,
+            time: time(num(c.get(4)), num(c.get(5)), None)?,
+        });
+    }
+    if let Some(c) = LOCOMO.captures(s) {
+        let (h12, minute): (u32, u32) = (num(c.get(1))?, num(c.get(2))?);
+        if !(1..=12).contains(&h12) {
+            return None;
+        }
+        let pm = c[3].eq_ignore_ascii_case("p");
+        let hour = h12 % 12 + if pm { 12 } else { 0 };
+        let date = day(num(c.get(6))?, month_number(&c[5])?, num(c.get(4))?)?;
+        return Some(ParsedDate {
+            date,
+            time: Some(NaiveTime::from_hms_opt(hour, minute, 0)?),
+        });
+    }
+    if let Some(c) = MONTH_DAY_YEAR.captures(s) {
+        let date = day(num(c.get(3))?, month_number(&c[1])?, num(c.get(2))?)?;
+        return Some(ParsedDate { date, time: None });
+    }
+    if let Some(c) = DAY_MONTH_YEAR.captures(s) {
+        let date = day(num(c.get(3))?, month_number(&c[2])?, num(c.get(1))?)?;
+        return Some(ParsedDate { date, time: None });
+    }
+    if let Some(c) = MONTH_YEAR.captures(s) {
+        return Some(ParsedDate {
+            date: month(num(c.get(2))?, month_number(&c[1])?)?,
+            time: None,
+        });
+    }
+    None
+}
+
+/// Normalizes a date string to ISO (`YYYY-MM-DD` or `YYYY-MM`), dropping any time of day.
+pub fn normalize_date(input: &str) -> Option<String> {
+    parse_date(input).map(|p| p.date.iso())
+}
+
+/// Every date mentioned in free text, in order of appearance, without duplicates. Day-precision
+/// mentions win over a month mention they contain.
+pub fn find_dates(text: &str) -> Vec<CalendarDate> {
+    let mut found: Vec<(usize, CalendarDate)> = Vec::new();
+    let mut covered: Vec<(usize, usize)> = Vec::new();
+    for m in SCAN_DAY.find_iter(text) {
+        if let Some(p) = parse_date(m.as_str()) {
+            found.push((m.start(), p.date));
+            covered.push((m.start(), m.end()));
+        }
+    }
+    for m in SCAN_MONTH.find_iter(text) {
+        let inside = covered.iter().any(|&(a, b)| m.start() < b && a < m.end());
+        if !inside && let Some(p) = parse_date(m.as_str()) {
+            found.push((m.start(), p.date));
+        }
+    }
+    found.sort_by_key(|&(pos, _)| pos);
+    let mut out: Vec<CalendarDate> = Vec::new();
+    for (_, d) in found {
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn iso(s: &str) -> Option<String> {
+        parse_date(s).map(|p| p.iso())
+    }
+
+    #[test]
+    fn benchmark_formats() {
+        assert_eq!(
+            iso("1:56 pm on 8 May, 2023").as_deref(),
+            Some("2023-05-08T13:56:00")
+        );
+        assert_eq!(
+            iso("12:09 am on 13 August, 2023").as_deref(),
+            Some("2023-08-13T00:09:00")
+        );
+        assert_eq!(
+            iso("12:30 PM on 1 Jan 2024").as_deref(),
+            Some("2024-01-01T12:30:00")
+        );
+        assert_eq!(
+            iso("2023/05/30 (Tue) 23:40").as_deref(),
+            Some("2023-05-30T23:40:00")
+        );
+        assert_eq!(iso("2023/05/30").as_deref(), Some("2023-05-30"));
+        assert_eq!(iso("2023-05-08").as_deref(), Some("2023-05-08"));
+        assert_eq!(
+            iso("2023-05-08T13:56:00Z").as_deref(),
+            Some("2023-05-08T13:56:00")
+        );
+        assert_eq!(iso("2023-05").as_deref(), Some("2023-05"));
+        assert_eq!(iso("May 8, 2023").as_deref(), Some("2023-05-08"));
+        assert_eq!(iso("Sept 8th, 2023").as_deref(), Some("2023-09-08"));
+        assert_eq!(iso("8 May 2023").as_deref(), Some("2023-05-08"));
+        assert_eq!(iso(" 8th of may, 2023 ").as_deref(), Some("2023-05-08"));
+        assert_eq!(iso("May 2023").as_deref(), Some("2023-05"));
+    }
+
+    #[test]
+    fn rejects_impossible_and_unknown() {
+        for bad in [
+            "2023-02-30",
+            "2023-13",
+            "13:00 pm on 8 May, 2023",
+            "yesterday",
+            "",
+            "May",
+            "32 May 2023",
+        ] {
+            assert_eq!(parse_date(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys() {
+        let d = parse_date("8 May 2023").unwrap().date;
+        assert_eq!(d.day_key().as_deref(), Some("day:2023-05-08"));
+        assert_eq!(d.month_key(), "month:2023-05");
+        let m = parse_date("2024-02").unwrap().date;
+        assert_eq!(m.day_key(), None);
+        assert_eq!(m.last_day().to_string(), "2024-02-29");
+    }
+
+    #[test]
+    fn finds_dates_in_text() {
+        let found =
+            find_dates("Moved on May 8, 2023, left 2023-06-01; trip in July 2023 and 3 Aug 2023.");
+        let isos: Vec<String> = found.iter().map(CalendarDate::iso).collect();
+        assert_eq!(isos, ["2023-05-08", "2023-06-01", "2023-07", "2023-08-03"]);
+        assert!(find_dates("no dates here, just 42 things").is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn every_format_agrees(y in 1900i32..2100, m in 1u32..=12, d in 1u32..=28, h in 0u32..24, min in 0u32..60) {
+            let date = NaiveDate::from_ymd_opt(y, m, d).unwrap();
+            let name = date.format("%B").to_string();
+            let short = date.format("%b").to_string();
+            let h12 = if h % 12 == 0 { 12 } else { h % 12 };
+            let ampm = if h < 12 { "am" } else { "pm" };
+            let expected = date.format("%Y-%m-%d").to_string();
+            for s in [
+                format!("{y:04}-{m:02}-{d:02}"),
+                format!("{y:04}/{m:02}/{d:02} (Mon) {h:02}:{min:02}"),
+                format!("{h12}:{min:02} {ampm} on {d} {name}, {y}"),
+                format!("{name} {d}, {y}"),
+                format!("{short} {d} {y}"),
+                format!("{d} {name} {y}"),
+            ] {
+                prop_assert_eq!(normalize_date(&s), Some(expected.clone()), "{}", s);
+            }
+            let locomo = parse_date(&format!("{h12}:{min:02} {ampm} on {d} {name}, {y}")).unwrap();
+            prop_assert_eq!(locomo.time, NaiveTime::from_hms_opt(h, min, 0));
+        }
+
+        #[test]
+        fn normalize_is_idempotent(s in "\\PC{0,30}") {
+            if let Some(n) = normalize_date(&s) {
+                prop_assert_eq!(normalize_date(&n), Some(n.clone()));
+            }
+        }
+    }
+}

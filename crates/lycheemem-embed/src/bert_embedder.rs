@@ -1,0 +1,202 @@
+//! BERT-family sentence embedders read from an upstream sentence-transformers folder.
+
+use candle_core::{D, DType, Device, IndexOp};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use lycheemem_core::{Error, Result};
+use serde::Deserialize;
+use std::path::Path;
+
+use crate::Embedder;
+use crate::runtime::{
+    DeviceChoice, batch_tensors, load_tokenizer, model_err, read_json, thread_pool,
+};
+
+/// How token vectors become one sentence vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Mean of the token vectors under the attention mask (all-MiniLM-L6-v2).
+    Mean,
+    /// The first (`[CLS]`) token's vector (BGE models).
+    Cls,
+}
+
+/// Load-time options. `Default` reads everything from the model folder and runs on CPU with
+/// all cores.
+#[derive(Debug, Clone, Default)]
+pub struct EmbedderOptions {
+    pub device: DeviceChoice,
+    /// Inference threads; 0 = all cores.
+    pub threads: usize,
+    /// Texts per forward pass; 0 = 32.
+    pub batch_size: usize,
+    /// Overrides `1_Pooling/config.json`.
+    pub pooling: Option<Pooling>,
+    /// Overrides `sentence_bert_config.json`'s `max_seq_length` (tokens, specials included).
+    pub max_tokens: Option<usize>,
+    /// Identifier reported by [`Embedder::model_id`]; default: the folder name.
+    pub model_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+}
+
+#[derive(Deserialize)]
+struct SentenceBertConfig {
+    max_seq_length: Option<usize>,
+}
+
+/// A BERT sentence embedder (see the crate docs).
+pub struct BertEmbedder {
+    model: BertModel,
+    tokenizer: tokenizers::Tokenizer,
+    device: Device,
+    pool: rayon::ThreadPool,
+    pooling: Pooling,
+    pad_id: u32,
+    batch_size: usize,
+    dimension: usize,
+    max_tokens: usize,
+    model_id: String,
+}
+
+impl BertEmbedder {
+    /// Loads `config.json`, `tokenizer.json`, `model.safetensors` and, when present,
+    /// `1_Pooling/config.json` and `sentence_bert_config.json` from `dir`.
+    pub fn load(dir: &Path, options: EmbedderOptions) -> Result<Self> {
+        let config: BertConfig = read_json(&dir.join("config.json"))?;
+        let pooling = match options.pooling {
+            Some(p) => p,
+            None => match dir.join("1_Pooling/config.json") {
+                p if p.is_file() => {
+                    let pc: PoolingConfig = read_json(&p)?;
+                    match (pc.pooling_mode_cls_token, pc.pooling_mode_mean_tokens) {
+                        (true, false) => Pooling::Cls,
+                        (false, true) => Pooling::Mean,
+                        _ => {
+                            return Err(Error::Model(format!(
+                                "{}: only mean or CLS pooling is supported",
+                                p.display()
+                            )));
+                        }
+                    }
+                }
+                _ => Pooling::Mean,
+            },
+        };
+        let sbert = dir.join("sentence_bert_config.json");
+        let configured_max = if sbert.is_file() {
+            read_json::<SentenceBertConfig>(&sbert)?.max_seq_length
+        } else {
+            None
+        };
+        let max_tokens = options
+            .max_tokens
+            .or(configured_max)
+            .unwrap_or(512)
+            .min(config.max_position_embeddings);
+        let tokenizer = load_tokenizer(&dir.join("tokenizer.json"), max_tokens)?;
+        let device = options.device.device()?;
+        let weights = dir.join("model.safetensors");
+        if !weights.is_file() {
+            return Err(Error::Model(format!("{} is missing", weights.display())));
+        }
+        // SAFETY: the file is memory-mapped read-only; model files are not modified while loaded.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }
+            .map_err(model_err("cannot map model.safetensors"))?;
+        let model = BertModel::load(vb, &config).map_err(model_err("cannot load BERT weights"))?;
+        let model_id = options.model_id.unwrap_or_else(|| {
+            dir.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "bert".into())
+        });
+        Ok(BertEmbedder {
+            model,
+            tokenizer,
+            device,
+            pool: thread_pool(options.threads)?,
+            pooling,
+            pad_id: config.pad_token_id as u32,
+            batch_size: if options.batch_size == 0 {
+                32
+            } else {
+                options.batch_size
+            },
+            dimension: config.hidden_size,
+            max_tokens,
+            model_id,
+        })
+    }
+
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
+    }
+
+    /// Tokens (specials included) kept per text; longer texts are truncated.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    fn embed_sorted(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| Error::Model(format!("tokenization failed: {e}")))?;
+        // Longest first, so each batch pads to nearly its own length.
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].get_ids().len()));
+        let mut out = vec![Vec::new(); texts.len()];
+        for chunk in order.chunks(self.batch_size) {
+            let batch: Vec<&tokenizers::Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
+            let vectors = self
+                .forward(&batch)
+                .map_err(model_err("embedding forward pass"))?;
+            for (&i, v) in chunk.iter().zip(vectors) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    fn forward(&self, batch: &[&tokenizers::Encoding]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let (ids, types, mask) = batch_tensors(batch, self.pad_id, &self.device)?;
+        let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+        let pooled = match self.pooling {
+            Pooling::Cls => hidden.i((.., 0))?,
+            Pooling::Mean => {
+                let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+                let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+                let counts = mask.sum(1)?.clamp(1e-9, f64::INFINITY)?;
+                summed.broadcast_div(&counts)?
+            }
+        };
+        let norms = pooled
+            .sqr()?
+            .sum_keepdim(D::Minus1)?
+            .sqrt()?
+            .clamp(1e-12, f64::INFINITY)?;
+        pooled.broadcast_div(&norms)?.to_vec2::<f32>()
+    }
+}
+
+impl Embedder for BertEmbedder {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.pool.install(|| self.embed_sorted(texts))
+    }
+
+    fn dimension(&self) -> usize {
+        self.dimension
+    }
+
+    fn model_id(&self) -> &str {
+        &self.model_id
+    }
+}

@@ -1,0 +1,53 @@
+//! Text embedding and cross-encoder reranking on candle.
+//!
+//! Two small traits are the whole public contract — [`Embedder`] (texts → unit-norm vectors)
+//! and [`Reranker`] (query × passages → relevance scores) — so callers never depend on a model
+//! family. Implementations:
+//! - [`BertEmbedder`]: BERT-family sentence embedders (all-MiniLM-L6-v2, BGE, ...) from the
+//!   upstream `config.json`, `tokenizer.json` and sentence-transformers pooling config.
+//! - [`CrossEncoder`]: BERT and XLM-RoBERTa sequence-classification checkpoints (the
+//!   bge-reranker-base / bge-reranker-v2-m3 architectures).
+//!
+//! Inference runs on CPU by default; the `cuda` cargo feature enables [`DeviceChoice::Cuda`].
+
+mod bert_embedder;
+mod cross_encoder;
+mod runtime;
+
+pub use bert_embedder::{BertEmbedder, EmbedderOptions, Pooling};
+pub use cross_encoder::{CrossEncoder, CrossEncoderArch, CrossEncoderOptions};
+pub use runtime::DeviceChoice;
+
+use lycheemem_core::Result;
+
+/// Turns texts into unit-norm vectors of a fixed dimension.
+///
+/// Implementations are `Send + Sync`: one loaded model serves every caller; calls may run
+/// concurrently (each call is independent).
+pub trait Embedder: Send + Sync {
+    /// Embeds a batch of texts; vector `i` belongs to `texts[i]` and has unit L2 norm.
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>>;
+    /// Length of every vector.
+    fn dimension(&self) -> usize;
+    /// A stable identifier of the model (used to key stored vectors).
+    fn model_id(&self) -> &str;
+}
+
+/// Scores passages for relevance to a query; higher is more relevant.
+pub trait Reranker: Send + Sync {
+    /// One score per passage, in order.
+    fn score(&self, query: &str, passages: &[&str]) -> Result<Vec<f32>>;
+    fn model_id(&self) -> &str;
+}
+
+/// Cosine similarity of two vectors (dot product when both are unit-norm).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
+}
