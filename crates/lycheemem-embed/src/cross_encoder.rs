@@ -124,7 +124,14 @@ impl CrossEncoder {
                 load().map_err(model_err("cannot load BERT cross-encoder weights"))?
             }
             CrossEncoderArch::XlmRoberta => {
-                let config: XlmRobertaConfig = read_json(&config_path)?;
+                // transformers >= 5 no longer writes `position_embedding_type`; candle needs it.
+                let mut raw: serde_json::Value = read_json(&config_path)?;
+                if let Some(obj) = raw.as_object_mut() {
+                    obj.entry("position_embedding_type")
+                        .or_insert_with(|| "absolute".into());
+                }
+                let config: XlmRobertaConfig = serde_json::from_value(raw)
+                    .map_err(|e| Error::Model(format!("{}: {e}", config_path.display())))?;
                 Network::XlmRoberta(
                     XLMRobertaForSequenceClassification::new(num_labels, &config, vb)
                         .map_err(model_err("cannot load XLM-RoBERTa cross-encoder weights"))?,

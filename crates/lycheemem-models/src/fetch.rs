@@ -130,6 +130,13 @@ pub(crate) fn fetch_model(
     on_event: &mut dyn FnMut(FetchEvent),
 ) -> Result<(), ModelError> {
     let dir = root.join(&entry.name);
+    // One fetch of a model at a time across processes (parallel test binaries, two shells):
+    // the second waits, then finds the files verified.
+    let lock_dir = root.join(".cache");
+    fs::create_dir_all(&lock_dir).map_err(|e| ModelError::io(&lock_dir, e))?;
+    let lock_path = lock_dir.join(format!("{}.lock", entry.name));
+    let lock = File::create(&lock_path).map_err(|e| ModelError::io(&lock_path, e))?;
+    lock.lock().map_err(|e| ModelError::io(&lock_path, e))?;
     let mut todo: Vec<&ModelFile> = Vec::new();
     for f in &entry.files {
         let path = dir.join(&f.path);

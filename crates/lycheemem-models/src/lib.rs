@@ -165,6 +165,27 @@ impl ModelStore {
         fetch::fetch_model(&self.root, entry, source, on_event)
     }
 
+    /// Resolves `spec` like [`ModelStore::resolve`], fetching a manifest model from `source`
+    /// first when it is not present (used by the demo and by tests that need real weights).
+    pub fn ensure(
+        &self,
+        spec: &str,
+        source: &FetchSource,
+        on_event: &mut dyn FnMut(FetchEvent),
+    ) -> Result<PathBuf, ModelError> {
+        match self.resolve(spec) {
+            Err(
+                ModelError::NotFetched { .. }
+                | ModelError::SizeMismatch { .. }
+                | ModelError::HashMismatch { .. },
+            ) if !spec.starts_with("dir:") => {
+                self.fetch(spec, source, on_event)?;
+                self.resolve(spec)
+            }
+            other => other,
+        }
+    }
+
     /// Resolves a model spec to a folder of files: `dir:<path>` is taken as is (a user's own
     /// weights), anything else must be a manifest model whose files are present. A file whose
     /// stamp is missing or stale is re-hashed here, so corrupt weights are never loaded.
