@@ -1,1 +1,164 @@
-fn main() {}
+//! Project automation, in Rust rather than shell (`cargo xtask <task>`):
+//!
+//! - `demo`: build the release CLI and run the main job (`lycheemem demo`), fetching models.
+//! - `test`: the full test suite: format check, clippy with warnings denied, fetch the small
+//!   test models, `cargo test --workspace`. `.ci/run` runs exactly this.
+//! - `fixtures`: regenerate the parity fixtures with the reference Python implementations.
+//! - `bench-embed [--locomo PATH]`: embedding throughput, candle vs sentence-transformers.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Models the test suite needs (fetched before the tests so progress is visible).
+const TEST_MODELS: &[&str] = &["all-minilm-l6-v2"];
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let task = args.next().unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    let root = repo_root()?;
+    std::env::set_current_dir(&root)?;
+    match task.as_str() {
+        "demo" => demo(&rest),
+        "test" => test(),
+        "fixtures" => fixtures(&root),
+        "bench-embed" => bench_embed(&root, &rest),
+        _ => {
+            eprintln!("usage: cargo xtask <demo | test | fixtures | bench-embed [--locomo PATH]>");
+            bail!("unknown task {task:?}")
+        }
+    }
+}
+
+fn repo_root() -> Result<PathBuf> {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    Ok(manifest_dir
+        .parent()
+        .context("xtask lives in the repository root")?
+        .to_path_buf())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {}", describe(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed with {status}", describe(cmd));
+    }
+    Ok(())
+}
+
+fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program().to_string_lossy().into_owned())
+        .chain(cmd.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn demo(extra: &[String]) -> Result<()> {
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "lycheemem-cli",
+            "--",
+            "demo",
+        ])
+        .args(extra))
+}
+
+fn test() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--quiet",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo()
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "lycheemem-cli",
+            "--",
+            "models",
+            "fetch",
+        ])
+        .args(TEST_MODELS))?;
+    run(cargo().args(["test", "--workspace"]))
+}
+
+/// A throwaway virtualenv with the pinned reference stack (torch, transformers,
+/// sentence-transformers); reused across runs.
+fn reference_python(root: &Path) -> Result<PathBuf> {
+    let home = std::env::var("HOME").context("HOME is not set")?;
+    let venv = PathBuf::from(home).join(".cache/lycheemem/ref-venv");
+    let python = venv.join("bin/python");
+    let requirements = root.join("scripts/reference/requirements.txt");
+    let stamp = venv.join(".lycheemem-requirements");
+    let wanted = std::fs::read_to_string(&requirements)?;
+    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(python);
+    }
+    eprintln!(
+        "creating the reference venv at {} (downloads torch; a few minutes)",
+        venv.display()
+    );
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&requirements))?;
+    std::fs::write(&stamp, wanted)?;
+    Ok(python)
+}
+
+fn fixtures(root: &Path) -> Result<()> {
+    let python = reference_python(root)?;
+    run(Command::new(python)
+        .arg(root.join("scripts/reference/make_embed_fixtures.py"))
+        .arg(root.join("crates/lycheemem-embed/tests/fixtures")))
+}
+
+fn bench_embed(root: &Path, extra: &[String]) -> Result<()> {
+    let python = reference_python(root)?;
+    let mut args: Vec<String> = extra.to_vec();
+    if !args.iter().any(|a| a == "--locomo") {
+        args.extend([
+            "--locomo".into(),
+            "../shared/benchmarks/locomo/locomo_dev8.json".into(),
+        ]);
+    }
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "lycheemem-cli",
+            "--",
+            "bench",
+            "embed",
+            "--reference-python",
+        ])
+        .arg(python)
+        .args(args))
+}

