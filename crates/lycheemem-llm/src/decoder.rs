@@ -1,0 +1,299 @@
+//! Decoder-only transformers from GGUF files (the `llama` and `qwen2` architectures), quantized
+//! weights on candle, with a KV cache that can be truncated to a prefix so calls sharing a prompt
+//! prefix (the same system prompt for every segment) skip its prefill.
+//!
+//! Follows candle-transformers' `quantized_llama` / `quantized_qwen2`; differs in the cache,
+//! which here is owned per layer with an explicit length, and in reading both architectures
+//! through one configuration.
+
+use candle_core::quantized::{QMatMul, gguf_file};
+use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
+use candle_nn::Embedding;
+use candle_transformers::utils::repeat_kv;
+
+/// Architecture-level settings read from the GGUF metadata (`<arch>.*` keys).
+#[derive(Debug, Clone)]
+pub struct DecoderConfig {
+    pub arch: String,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub n_embd: usize,
+    pub head_dim: usize,
+    pub context_length: usize,
+    pub rms_eps: f64,
+    pub rope_base: f32,
+    /// NeoX-style (split halves) rotary embedding (qwen2) vs interleaved pairs (GGUF llama).
+    pub rope_neox: bool,
+}
+
+impl DecoderConfig {
+    pub fn from_gguf(ct: &gguf_file::Content) -> Result<Self> {
+        let arch = ct
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok())
+            .cloned()
+            .unwrap_or_default();
+        let rope_neox = match arch.as_str() {
+            "llama" => false,
+            "qwen2" => true,
+            other => candle_core::bail!(
+                "unsupported GGUF architecture {other:?} (supported: llama, qwen2)"
+            ),
+        };
+        let get = |key: &str| {
+            ct.metadata
+                .get(&format!("{arch}.{key}"))
+                .ok_or_else(|| candle_core::Error::Msg(format!("GGUF metadata lacks {arch}.{key}")))
+        };
+        let n_head = get("attention.head_count")?.to_u32()? as usize;
+        let n_embd = get("embedding_length")?.to_u32()? as usize;
+        let head_dim = match get("rope.dimension_count") {
+            Ok(v) => v.to_u32()? as usize,
+            Err(_) => n_embd / n_head,
+        };
+        Ok(DecoderConfig {
+            n_layer: get("block_count")?.to_u32()? as usize,
+            n_head,
+            n_kv_head: get("attention.head_count_kv")?.to_u32()? as usize,
+            n_embd,
+            head_dim,
+            context_length: get("context_length")?.to_u32()? as usize,
+            rms_eps: get("attention.layer_norm_rms_epsilon")?.to_f32()? as f64,
+            rope_base: get("rope.freq_base")
+                .and_then(|v| v.to_f32())
+                .unwrap_or(10_000.0),
+            rope_neox,
+            arch,
+        })
+    }
+}
+
+struct Layer {
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    bq: Option<Tensor>,
+    bk: Option<Tensor>,
+    bv: Option<Tensor>,
+    wo: QMatMul,
+    attn_norm: Tensor,
+    ffn_norm: Tensor,
+    w_gate: QMatMul,
+    w_up: QMatMul,
+    w_down: QMatMul,
+    /// Keys and values of the cached positions: `(1, n_kv_head, len, head_dim)`.
+    cache: Option<(Tensor, Tensor)>,
+}
+
+/// A loaded decoder with its KV cache.
+pub struct Decoder {
+    cfg: DecoderConfig,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    output: QMatMul,
+    cos: Tensor,
+    sin: Tensor,
+    cached: usize,
+    device: Device,
+}
+
+impl Decoder {
+    pub fn from_gguf<R: std::io::Read + std::io::Seek>(
+        ct: &gguf_file::Content,
+        reader: &mut R,
+        device: &Device,
+    ) -> Result<Self> {
+        let cfg = DecoderConfig::from_gguf(ct)?;
+        let qt = |reader: &mut R, name: &str| ct.tensor(reader, name, device);
+        let embed_q = qt(reader, "token_embd.weight")?;
+        let embed = Embedding::new(embed_q.dequantize(device)?, cfg.n_embd);
+        let output = match qt(reader, "output.weight") {
+            Ok(w) => QMatMul::from_qtensor(w)?,
+            Err(_) => QMatMul::from_qtensor(embed_q)?, // tied embeddings
+        };
+        let norm = qt(reader, "output_norm.weight")?.dequantize(device)?;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let p = format!("blk.{i}");
+            let mm = |reader: &mut R, n: &str| -> Result<QMatMul> {
+                QMatMul::from_qtensor(qt(reader, &format!("{p}.{n}"))?)
+            };
+            let bias = |reader: &mut R, n: &str| -> Result<Option<Tensor>> {
+                match ct.tensor_infos.contains_key(&format!("{p}.{n}")) {
+                    true => Ok(Some(qt(reader, &format!("{p}.{n}"))?.dequantize(device)?)),
+                    false => Ok(None),
+                }
+            };
+            layers.push(Layer {
+                wq: mm(reader, "attn_q.weight")?,
+                wk: mm(reader, "attn_k.weight")?,
+                wv: mm(reader, "attn_v.weight")?,
+                bq: bias(reader, "attn_q.bias")?,
+                bk: bias(reader, "attn_k.bias")?,
+                bv: bias(reader, "attn_v.bias")?,
+                wo: mm(reader, "attn_output.weight")?,
+                attn_norm: qt(reader, &format!("{p}.attn_norm.weight"))?.dequantize(device)?,
+                ffn_norm: qt(reader, &format!("{p}.ffn_norm.weight"))?.dequantize(device)?,
+                w_gate: mm(reader, "ffn_gate.weight")?,
+                w_up: mm(reader, "ffn_up.weight")?,
+                w_down: mm(reader, "ffn_down.weight")?,
+                cache: None,
+            });
+        }
+        let (cos, sin) = rope_tables(cfg.head_dim, cfg.rope_base, cfg.context_length, device)?;
+        Ok(Decoder {
+            cfg,
+            embed,
+            layers,
+            norm,
+            output,
+            cos,
+            sin,
+            cached: 0,
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        &self.cfg
+    }
+
+    /// Drops cached positions beyond `len` (keeps the first `len`).
+    pub fn truncate_cache(&mut self, len: usize) -> Result<()> {
+        if len >= self.cached {
+            return Ok(());
+        }
+        for layer in &mut self.layers {
+            layer.cache = match (len, layer.cache.take()) {
+                (0, _) | (_, None) => None,
+                (_, Some((k, v))) => Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)),
+            };
+        }
+        self.cached = len;
+        Ok(())
+    }
+
+    /// Runs `tokens` at positions `cached_len()..`, appends them to the cache, and returns the
+    /// logits (f32, vocab-sized) of the last position.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Tensor> {
+        let pos = self.cached;
+        let seq = tokens.len();
+        if seq == 0 {
+            candle_core::bail!("forward needs at least one token");
+        }
+        if pos + seq > self.cfg.context_length {
+            candle_core::bail!(
+                "{} positions exceed the context length {}",
+                pos + seq,
+                self.cfg.context_length
+            );
+        }
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let mask = if seq > 1 {
+            Some(causal_mask(seq, pos, &self.device)?)
+        } else {
+            None
+        };
+        let cos = self.cos.narrow(0, pos, seq)?;
+        let sin = self.sin.narrow(0, pos, seq)?;
+        let mut x = self.embed.forward(&ids)?;
+        for layer in &mut self.layers {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps as f32)?;
+            let attn = attention(&self.cfg, layer, &h, mask.as_ref(), &cos, &sin)?;
+            x = (attn + x)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.rms_eps as f32)?;
+            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
+            let up = layer.w_up.forward(&h)?;
+            x = (layer.w_down.forward(&(gate * up)?)? + x)?;
+        }
+        self.cached = pos + seq;
+        let x = candle_nn::ops::rms_norm(
+            &x.i((.., seq - 1..seq, ..))?,
+            &self.norm,
+            self.cfg.rms_eps as f32,
+        )?;
+        self.output
+            .forward(&x)?
+            .squeeze(0)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)
+    }
+}
+
+fn attention(
+    cfg: &DecoderConfig,
+    layer: &mut Layer,
+    x: &Tensor,
+    mask: Option<&Tensor>,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
+    let (b, seq, _) = x.dims3()?;
+    let project = |w: &QMatMul, bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
+        let mut t = w.forward(x)?;
+        if let Some(bias) = bias {
+            t = t.broadcast_add(bias)?;
+        }
+        t.reshape((b, seq, heads, cfg.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()
+    };
+    let rope = |t: &Tensor| {
+        if cfg.rope_neox {
+            candle_nn::rotary_emb::rope(t, cos, sin)
+        } else {
+            candle_nn::rotary_emb::rope_i(t, cos, sin)
+        }
+    };
+    let q = rope(&project(&layer.wq, &layer.bq, cfg.n_head)?)?;
+    let k = rope(&project(&layer.wk, &layer.bk, cfg.n_kv_head)?)?;
+    let v = project(&layer.wv, &layer.bv, cfg.n_kv_head)?;
+    let (k, v) = match layer.cache.take() {
+        Some((ck, cv)) => (Tensor::cat(&[&ck, &k], 2)?, Tensor::cat(&[&cv, &v], 2)?),
+        None => (k, v),
+    };
+    layer.cache = Some((k.clone(), v.clone()));
+    let groups = cfg.n_head / cfg.n_kv_head;
+    let k = repeat_kv(k, groups)?;
+    let v = repeat_kv(v, groups)?.contiguous()?;
+    let mut att = (q.matmul(&k.t()?)? / (cfg.head_dim as f64).sqrt())?;
+    if let Some(mask) = mask {
+        att = att.broadcast_add(mask)?;
+    }
+    let att = candle_nn::ops::softmax_last_dim(&att)?;
+    let y = att
+        .matmul(&v)?
+        .transpose(1, 2)?
+        .reshape((b, seq, cfg.n_head * cfg.head_dim))?;
+    layer.wo.forward(&y)
+}
+
+/// Additive causal mask `(seq, pos + seq)`: 0 where query `i` may see key `j`, -inf elsewhere.
+fn causal_mask(seq: usize, pos: usize, device: &Device) -> Result<Tensor> {
+    let kv = pos + seq;
+    let data: Vec<f32> = (0..seq)
+        .flat_map(|i| (0..kv).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(data, (seq, kv), device)
+}
+
+fn rope_tables(
+    head_dim: usize,
+    base: f32,
+    context: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
+    let inv: Vec<f32> = (0..head_dim)
+        .step_by(2)
+        .map(|i| 1.0 / base.powf(i as f32 / head_dim as f32))
+        .collect();
+    let inv = Tensor::new(inv.as_slice(), device)?;
+    let t = Tensor::arange(0u32, context as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((context, 1))?;
+    let freqs = t.broadcast_mul(&inv.reshape((1, head_dim / 2))?)?;
+    Ok((freqs.cos()?, freqs.sin()?))
+}

@@ -1,0 +1,145 @@
+//! Every LLM call of lycheemem goes through the [`Llm`] trait: chat messages and options in,
+//! text with token usage out. Backends:
+//! - [`LocalLlm`]: GGUF models (llama, qwen2) on candle, tokenizer and chat template read from
+//!   the GGUF itself, KV-cache prefix reuse across calls, and JSON-Schema-constrained decoding
+//!   (llguidance) so structured output always parses.
+//! - [`RemoteLlm`]: any OpenAI-compatible `/v1/chat/completions` server (llama.cpp server, vLLM,
+//!   Ollama, OpenAI), with retries, `response_format` JSON schema and a JSON-mode fallback.
+//! - [`Metered`]: a wrapper recording every call's purpose, tokens and latency into a
+//!   [`UsageSink`].
+//!
+//! Concurrency model: calls are blocking and `Llm` is `Send + Sync`. A local model serves one
+//! generation at a time (callers queue on an internal lock); async callers (the server) run
+//! calls on a blocking thread pool.
+
+mod chat_template;
+mod constrained;
+mod decoder;
+mod gguf_tokenizer;
+mod local;
+mod metering;
+mod remote;
+mod schema_check;
+mod spec;
+
+pub use chat_template::ChatTemplate;
+pub use gguf_tokenizer::{SpecialTokens, tokenizer_from_gguf};
+pub use local::{LocalLlm, LocalOptions};
+pub use metering::{MemorySink, Metered, UsageSink};
+pub use remote::{RemoteLlm, RemoteOptions, StructuredOutput};
+pub use schema_check::validate as validate_against_schema;
+pub use spec::{LlmSpec, open_llm};
+
+use lycheemem_core::Result;
+use serde::{Deserialize, Serialize};
+
+/// Author of a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatRole {
+    System,
+    User,
+    Assistant,
+}
+
+impl ChatRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatRole::System => "system",
+            ChatRole::User => "user",
+            ChatRole::Assistant => "assistant",
+        }
+    }
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: ChatRole,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn system(content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: ChatRole::System,
+            content: content.into(),
+        }
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: ChatRole::User,
+            content: content.into(),
+        }
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: ChatRole::Assistant,
+            content: content.into(),
+        }
+    }
+}
+
+/// Generation options. `Default` is greedy decoding of up to 512 tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateOptions {
+    pub max_tokens: u32,
+    /// 0 = greedy (deterministic).
+    pub temperature: f32,
+    /// Nucleus sampling threshold (used when temperature > 0).
+    pub top_p: f32,
+    pub seed: u64,
+    /// Generation stops before any of these strings; they are not part of the returned text.
+    pub stop: Vec<String>,
+    /// When set, the output is a JSON value valid under this schema: enforced by masking logits
+    /// (local) or requested via `response_format` and validated (remote).
+    pub json_schema: Option<serde_json::Value>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 512,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            stop: Vec::new(),
+            json_schema: None,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// End-of-sequence token, a stop string, or a completed schema.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+/// The result of one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// Prompt tokens whose prefill was skipped thanks to the KV-cache prefix (local only).
+    pub cached_prompt_tokens: u64,
+    pub latency_ms: u64,
+    /// True when the backend did not report usage and the counts were estimated.
+    pub usage_estimated: bool,
+    pub model: String,
+}
+
+/// A chat LLM.
+pub trait Llm: Send + Sync {
+    /// Generates the assistant's reply to `messages`.
+    fn complete(&self, messages: &[ChatMessage], options: &GenerateOptions) -> Result<Completion>;
+    /// The model's identifier (for usage logs).
+    fn model_id(&self) -> &str;
+    /// Maximum prompt + completion tokens, when known.
+    fn context_length(&self) -> Option<usize>;
+}
