@@ -5,13 +5,19 @@
 //!   test models, `cargo test --workspace`. `.ci/run` runs exactly this.
 //! - `fixtures`: regenerate the parity fixtures with the reference Python implementations.
 //! - `bench-embed [--locomo PATH]`: embedding throughput, candle vs sentence-transformers.
+//! - `bench-llm [--locomo PATH] [...]`: LLM prefill/decode speed, candle vs llama.cpp.
+//! - `tokenizer-fixtures`: regenerate the GGUF tokenizer fixture with llama.cpp's tokenizer.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Models the test suite needs (fetched before the tests so progress is visible).
-const TEST_MODELS: &[&str] = &["all-minilm-l6-v2"];
+const TEST_MODELS: &[&str] = &[
+    "all-minilm-l6-v2",
+    "smollm2-135m-instruct",
+    "qwen2.5-coder-0.5b-instruct",
+];
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -24,8 +30,12 @@ fn main() -> Result<()> {
         "test" => test(),
         "fixtures" => fixtures(&root),
         "bench-embed" => bench_embed(&root, &rest),
+        "bench-llm" => bench_llm(&root, &rest),
+        "tokenizer-fixtures" => tokenizer_fixtures(&root),
         _ => {
-            eprintln!("usage: cargo xtask <demo | test | fixtures | bench-embed [--locomo PATH]>");
+            eprintln!(
+                "usage: cargo xtask <demo | test | fixtures | tokenizer-fixtures | bench-embed | bench-llm> [ARGS]"
+            );
             bail!("unknown task {task:?}")
         }
     }
@@ -161,4 +171,77 @@ fn bench_embed(root: &Path, extra: &[String]) -> Result<()> {
         ])
         .arg(python)
         .args(args))
+}
+
+/// The reference venv plus llama-cpp-python, built from source with explicit CPU flags: the
+/// default build (native flags; this CPU reports AVX-512 and AMX) segfaults here.
+fn reference_llama_python(root: &Path) -> Result<PathBuf> {
+    let python = reference_python(root)?;
+    let has_llama = Command::new(&python)
+        .args(["-c", "import llama_cpp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_llama {
+        eprintln!("building llama-cpp-python 0.3.36 from source (about 5 minutes)");
+        run(Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--no-cache-dir", "llama-cpp-python==0.3.36", "numpy", "diskcache", "jinja2"])
+            .env(
+                "CMAKE_ARGS",
+                "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF",
+            ))?;
+    }
+    Ok(python)
+}
+
+fn bench_llm(root: &Path, extra: &[String]) -> Result<()> {
+    let python = reference_llama_python(root)?;
+    let mut args: Vec<String> = extra.to_vec();
+    if !args.iter().any(|a| a == "--locomo") {
+        args.extend([
+            "--locomo".into(),
+            "../shared/benchmarks/locomo/locomo_dev8.json".into(),
+        ]);
+    }
+    run(cargo()
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "lycheemem-cli",
+            "--",
+            "bench",
+            "llm",
+            "--reference-python",
+        ])
+        .arg(python)
+        .args(args))
+}
+
+fn tokenizer_fixtures(root: &Path) -> Result<()> {
+    let python = reference_llama_python(root)?;
+    run(cargo().args([
+        "run",
+        "--quiet",
+        "-p",
+        "lycheemem-cli",
+        "--",
+        "models",
+        "fetch",
+        "smollm2-135m-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+    ]))?;
+    run(Command::new(python)
+        .arg(root.join("scripts/reference/make_tokenizer_fixtures.py"))
+        .arg(root.join("crates/lycheemem-llm/tests/fixtures/tokenizer_ids.json"))
+        .arg(format!(
+            "smollm2-135m-instruct={}",
+            root.join("models/smollm2-135m-instruct/model.gguf")
+                .display()
+        ))
+        .arg(format!(
+            "qwen2.5-coder-0.5b-instruct={}",
+            root.join("models/qwen2.5-coder-0.5b-instruct/model.gguf")
+                .display()
+        )))
 }

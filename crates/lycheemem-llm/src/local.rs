@@ -116,6 +116,59 @@ impl LocalLlm {
         &self.tokenizer
     }
 
+    /// Forgets the cached prefix (the next call prefills its whole prompt).
+    pub fn clear_cache(&self) -> Result<()> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| Error::Model("model state poisoned by an earlier panic".into()))?;
+        state
+            .decoder
+            .truncate_cache(0)
+            .map_err(|e| Error::Model(e.to_string()))?;
+        state.cached_tokens.clear();
+        Ok(())
+    }
+
+    /// Measures raw speed: prefill of `prompt` from an empty cache, then `decode` greedy tokens
+    /// (end-of-sequence ignored). Returns `(prefill, decode)` wall times. Leaves the cache empty.
+    pub fn measure_speed(
+        &self,
+        prompt: &[u32],
+        decode: usize,
+    ) -> Result<(std::time::Duration, std::time::Duration)> {
+        let run = || -> Result<(std::time::Duration, std::time::Duration)> {
+            let model_err = |e: candle_core::Error| Error::Model(e.to_string());
+            self.clear_cache()?;
+            let mut state = self
+                .state
+                .lock()
+                .map_err(|_| Error::Model("model state poisoned".into()))?;
+            let started = Instant::now();
+            let mut logits = None;
+            for chunk in prompt.chunks(PREFILL_CHUNK) {
+                logits = Some(state.decoder.forward(chunk).map_err(model_err)?);
+            }
+            let prefill = started.elapsed();
+            let mut logits = logits.ok_or_else(|| Error::InvalidInput("empty prompt".into()))?;
+            let started = Instant::now();
+            for _ in 0..decode {
+                let token = logits
+                    .argmax(0)
+                    .and_then(|t| t.to_scalar::<u32>())
+                    .map_err(model_err)?;
+                logits = state.decoder.forward(&[token]).map_err(model_err)?;
+            }
+            let decode_time = started.elapsed();
+            state.decoder.truncate_cache(0).map_err(model_err)?;
+            Ok((prefill, decode_time))
+        };
+        match &self.pool {
+            Some(pool) => pool.install(run),
+            None => run(),
+        }
+    }
+
     /// The GGUF architecture (`llama`, `qwen2`).
     pub fn architecture(&self) -> String {
         self.state
