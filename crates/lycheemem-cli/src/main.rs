@@ -3,6 +3,7 @@
 
 mod bench_embed;
 mod bench_llm;
+mod bench_segment;
 mod demo;
 mod locomo_text;
 mod models_cmd;
@@ -47,6 +48,8 @@ enum BenchWhat {
     Embed(bench_embed::BenchEmbedArgs),
     /// LLM prefill/decode speed: candle vs llama.cpp (llama-cpp-python) on the same GGUF files.
     Llm(bench_llm::BenchLlmArgs),
+    /// Segmentation on LoCoMo: segments and finalize reasons per policy.
+    Segment(bench_segment::BenchSegmentArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchWhat::Llm(args),
         } => bench_llm::run(&models_dir, args),
+        Command::Bench {
+            what: BenchWhat::Segment(args),
+        } => bench_segment::run(&models_dir, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

