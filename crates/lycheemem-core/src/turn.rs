@@ -161,7 +161,7 @@ pub struct Exchange {
 }
 
 /// Why a segment was closed (SPEC §1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinalizeReason {
     /// Adding the next exchange would exceed the maximum token budget.

@@ -26,10 +26,10 @@ fn check(value: &Value, schema: &Value, path: &str) -> Result<(), String> {
     let Some(schema) = schema.as_object() else {
         return Ok(());
     };
-    if let Some(any) = schema.get("anyOf").and_then(Value::as_array) {
-        if !any.iter().any(|s| check(value, s, path).is_ok()) {
-            return Err(format!("{path}: matches none of anyOf"));
-        }
+    if let Some(any) = schema.get("anyOf").and_then(Value::as_array)
+        && !any.iter().any(|s| check(value, s, path).is_ok())
+    {
+        return Err(format!("{path}: matches none of anyOf"));
     }
     match schema.get("type") {
         Some(Value::String(ty)) if !type_matches(value, ty) => {
@@ -45,10 +45,10 @@ fn check(value: &Value, schema: &Value, path: &str) -> Result<(), String> {
         }
         _ => {}
     }
-    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
-        if !allowed.contains(value) {
-            return Err(format!("{path}: {value} is not one of {allowed:?}"));
-        }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(value)
+    {
+        return Err(format!("{path}: {value} is not one of {allowed:?}"));
     }
     if let Some(obj) = value.as_object() {
         for key in schema
@@ -68,23 +68,23 @@ fn check(value: &Value, schema: &Value, path: &str) -> Result<(), String> {
                     check(v, sub, &format!("{path}.{key}"))?;
                 }
             }
-            if schema.get("additionalProperties") == Some(&Value::Bool(false)) {
-                if let Some(extra) = obj.keys().find(|k| !props.contains_key(*k)) {
-                    return Err(format!("{path}: unexpected field {extra:?}"));
-                }
+            if schema.get("additionalProperties") == Some(&Value::Bool(false))
+                && let Some(extra) = obj.keys().find(|k| !props.contains_key(*k))
+            {
+                return Err(format!("{path}: unexpected field {extra:?}"));
             }
         }
     }
     if let Some(items) = value.as_array() {
-        if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
-            if (items.len() as u64) < min {
-                return Err(format!("{path}: fewer than {min} items"));
-            }
+        if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+            && (items.len() as u64) < min
+        {
+            return Err(format!("{path}: fewer than {min} items"));
         }
-        if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
-            if items.len() as u64 > max {
-                return Err(format!("{path}: more than {max} items"));
-            }
+        if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+            && items.len() as u64 > max
+        {
+            return Err(format!("{path}: more than {max} items"));
         }
         if let Some(item_schema) = schema.get("items") {
             for (i, item) in items.iter().enumerate() {
