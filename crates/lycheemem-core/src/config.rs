@@ -302,6 +302,12 @@ pub struct EncodeConfig {
     pub repair_retries: u32,
     /// Completion budget for one encoder call.
     pub max_output_tokens: u32,
+    /// Each turn's text in the encoder prompt keeps at most this many chars (head and tail).
+    pub turn_chars: usize,
+    /// Most records one segment may produce (bounds the constrained output).
+    pub max_records: usize,
+    /// Repetition penalty for local encoder calls (small models otherwise loop inside strings).
+    pub repeat_penalty: f32,
 }
 
 impl Default for EncodeConfig {
@@ -314,6 +320,9 @@ impl Default for EncodeConfig {
             reference_records: 12,
             repair_retries: 1,
             max_output_tokens: 1024,
+            turn_chars: 4000,
+            max_records: 24,
+            repeat_penalty: 1.1,
         }
     }
 }

@@ -258,10 +258,140 @@ pub fn find_dates(text: &str) -> Vec<CalendarDate> {
     out
 }
 
+/// Resolves a date expression against an anchor day (the session date): absolute dates parse
+/// as in [`parse_date`]; relative ones — `today`, `yesterday`, `tomorrow`, `N days/weeks ago`,
+/// `last/next week|month|year`, `this week|month|year` — become days or months relative to the
+/// anchor. `None` when the expression is neither.
+pub fn resolve_date(expr: &str, anchor: NaiveDate) -> Option<CalendarDate> {
+    if let Some(p) = parse_date(expr) {
+        return Some(p.date);
+    }
+    let e = expr.trim().to_ascii_lowercase();
+    let e = e.trim_end_matches('.');
+    let days = |n: i64| {
+        anchor
+            .checked_add_signed(chrono::Duration::days(n))
+            .map(CalendarDate::Day)
+    };
+    let month_shift = |delta: i32| {
+        use chrono::Datelike;
+        let total = anchor.year() * 12 + anchor.month0() as i32 + delta;
+        month(total.div_euclid(12), total.rem_euclid(12) as u32 + 1)
+    };
+    match e {
+        "today" | "tonight" | "this morning" | "this afternoon" | "this evening" | "now" => {
+            return days(0);
+        }
+        "yesterday" | "last night" => return days(-1),
+        "the day before yesterday" => return days(-2),
+        "tomorrow" => return days(1),
+        "the day after tomorrow" => return days(2),
+        "last week" => return days(-7),
+        "next week" => return days(7),
+        "this week" => return days(0),
+        "last month" => return month_shift(-1),
+        "next month" => return month_shift(1),
+        "this month" => return month_shift(0),
+        "last year" | "next year" | "this year" => {
+            use chrono::Datelike;
+            let y = anchor.year()
+                + if e.starts_with("last") {
+                    -1
+                } else if e.starts_with("next") {
+                    1
+                } else {
+                    0
+                };
+            return month(y, anchor.month());
+        }
+        _ => {}
+    }
+    static AGO: LazyLock<Regex> = LazyLock::new(|| {
+        re(
+            r"^(\d+|a|an|one|two|three|four|five|six|seven)\s+(day|week|month|year)s?\s+(ago|later|from now)$",
+        )
+    });
+    let c = AGO.captures(e)?;
+    let n: i64 = match &c[1] {
+        "a" | "an" | "one" => 1,
+        "two" => 2,
+        "three" => 3,
+        "four" => 4,
+        "five" => 5,
+        "six" => 6,
+        "seven" => 7,
+        digits => digits.parse().ok()?,
+    };
+    let sign = if &c[3] == "ago" { -1 } else { 1 };
+    match &c[2] {
+        "day" => days(sign * n),
+        "week" => days(sign * 7 * n),
+        "month" => month_shift((sign * n) as i32),
+        _ => month_shift((sign * 12 * n) as i32),
+    }
+}
+
+/// The first relative time phrase in free text (`yesterday`, `last week`, `3 days ago`, ...)
+/// with its byte span and its resolution against `anchor`.
+pub fn find_relative(
+    text: &str,
+    anchor: NaiveDate,
+) -> Option<(std::ops::Range<usize>, CalendarDate)> {
+    static RELATIVE: LazyLock<Regex> = LazyLock::new(|| {
+        re(
+            r"(?i)\b(the day before yesterday|the day after tomorrow|yesterday|last night|tomorrow|today|tonight|(?:last|next|this) (?:week|month|year)|(?:\d+|a|an|one|two|three|four|five|six|seven) (?:day|week|month|year)s? (?:ago|later|from now))\b",
+        )
+    });
+    RELATIVE
+        .find_iter(text)
+        .find_map(|m| resolve_date(m.as_str(), anchor).map(|d| (m.range(), d)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn finds_relative_phrases_in_text() {
+        let anchor = NaiveDate::from_ymd_opt(2023, 5, 8).unwrap();
+        let text = "Caroline went to the support group yesterday and will go again next month.";
+        let (span, date) = find_relative(text, anchor).unwrap();
+        assert_eq!(&text[span], "yesterday");
+        assert_eq!(date.iso(), "2023-05-07");
+        assert_eq!(
+            find_relative("Three weeks ago we met.", anchor)
+                .map(|(_, d)| d.iso())
+                .as_deref(),
+            Some("2023-04-17")
+        );
+        assert!(find_relative("No time words here.", anchor).is_none());
+    }
+
+    #[test]
+    fn relative_dates_resolve_against_the_anchor() {
+        let anchor = NaiveDate::from_ymd_opt(2023, 5, 8).unwrap();
+        let iso = |e: &str| resolve_date(e, anchor).map(|d| d.iso());
+        assert_eq!(iso("yesterday").as_deref(), Some("2023-05-07"));
+        assert_eq!(iso("Today").as_deref(), Some("2023-05-08"));
+        assert_eq!(iso("tomorrow").as_deref(), Some("2023-05-09"));
+        assert_eq!(iso("3 days ago").as_deref(), Some("2023-05-05"));
+        assert_eq!(iso("two weeks ago").as_deref(), Some("2023-04-24"));
+        assert_eq!(iso("last week").as_deref(), Some("2023-05-01"));
+        assert_eq!(iso("last month").as_deref(), Some("2023-04"));
+        assert_eq!(iso("next month").as_deref(), Some("2023-06"));
+        assert_eq!(iso("last year").as_deref(), Some("2022-05"));
+        assert_eq!(iso("2 months ago").as_deref(), Some("2023-03"));
+        assert_eq!(iso("8 May 2023").as_deref(), Some("2023-05-08"));
+        assert_eq!(iso("someday"), None);
+        let january = NaiveDate::from_ymd_opt(2024, 1, 15).unwrap();
+        assert_eq!(
+            resolve_date("last month", january)
+                .map(|d| d.iso())
+                .as_deref(),
+            Some("2023-12")
+        );
+    }
 
     fn iso(s: &str) -> Option<String> {
         parse_date(s).map(|p| p.iso())

@@ -89,6 +89,10 @@ pub struct GenerateOptions {
     /// Nucleus sampling threshold (used when temperature > 0).
     pub top_p: f32,
     pub seed: u64,
+    /// Divides (positive) or multiplies (negative) the logits of tokens generated within the
+    /// last `repeat_last_n` tokens; 1.0 = off. Local backend only.
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
     /// Generation stops before any of these strings; they are not part of the returned text.
     pub stop: Vec<String>,
     /// When set, the output is a JSON value valid under this schema: enforced by masking logits
@@ -103,6 +107,8 @@ impl Default for GenerateOptions {
             temperature: 0.0,
             top_p: 1.0,
             seed: 0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
             stop: Vec::new(),
             json_schema: None,
         }

@@ -275,6 +275,15 @@ impl LocalLlm {
         let mut finish = FinishReason::Length;
         let mut text = String::new();
         for _ in 0..opts.max_tokens {
+            if opts.repeat_penalty != 1.0 && !generated.is_empty() {
+                let recent = &generated[generated.len().saturating_sub(opts.repeat_last_n)..];
+                logits = candle_transformers::utils::apply_repeat_penalty(
+                    &logits,
+                    opts.repeat_penalty,
+                    recent,
+                )
+                .map_err(model_err)?;
+            }
             let masked;
             let scores = match constraint.as_mut() {
                 Some(c) => {

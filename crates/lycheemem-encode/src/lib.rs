@@ -1,0 +1,16 @@
+//! The write path after segmentation:
+//! - [`encoder`]: one LLM call turns a finalized segment into typed, self-contained records
+//!   (SPEC §2), with the bounded reference context ρ ([`reference`]), the record JSON Schema
+//!   ([`schema`]), lenient parsing and validation ([`parse`]) and one repair round.
+//! - [`organize`]: records → evidence-node upserts (entity, topic, entity×topic, temporal,
+//!   event frame; SPEC §3). Pure functions, no model.
+
+pub mod encoder;
+pub mod organize;
+pub mod parse;
+pub mod reference;
+pub mod schema;
+
+pub use encoder::{EncodeOutcome, SegmentEncoder, SegmentInput};
+pub use organize::{NodeUpsert, organize};
+pub use reference::ReferenceContext;
