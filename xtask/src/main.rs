@@ -132,7 +132,11 @@ fn fixtures(root: &Path) -> Result<()> {
 }
 
 fn bench_embed(root: &Path, extra: &[String]) -> Result<()> {
-    let python = reference_python(root)?;
+    cli_bench("embed", &reference_python(root)?, extra)
+}
+
+/// `lycheemem bench <what> --reference-python PY [--locomo ../shared/...] ARGS`, in release.
+fn cli_bench(what: &str, python: &Path, extra: &[String]) -> Result<()> {
     let mut args: Vec<String> = extra.to_vec();
     if !args.iter().any(|a| a == "--locomo") {
         args.extend([
@@ -149,7 +153,7 @@ fn bench_embed(root: &Path, extra: &[String]) -> Result<()> {
             "lycheemem-cli",
             "--",
             "bench",
-            "embed",
+            what,
             "--reference-python",
         ])
         .arg(python)
@@ -177,28 +181,7 @@ fn reference_llama_python(root: &Path) -> Result<PathBuf> {
 }
 
 fn bench_llm(root: &Path, extra: &[String]) -> Result<()> {
-    let python = reference_llama_python(root)?;
-    let mut args: Vec<String> = extra.to_vec();
-    if !args.iter().any(|a| a == "--locomo") {
-        args.extend([
-            "--locomo".into(),
-            "../shared/benchmarks/locomo/locomo_dev8.json".into(),
-        ]);
-    }
-    run(cargo()
-        .args([
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "lycheemem-cli",
-            "--",
-            "bench",
-            "llm",
-            "--reference-python",
-        ])
-        .arg(python)
-        .args(args))
+    cli_bench("llm", &reference_llama_python(root)?, extra)
 }
 
 fn tokenizer_fixtures(root: &Path) -> Result<()> {

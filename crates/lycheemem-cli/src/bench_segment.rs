@@ -26,12 +26,15 @@ pub struct BenchSegmentArgs {
 }
 
 /// One LoCoMo conversation as dated sessions of turns.
-struct Conversation {
-    id: String,
-    sessions: Vec<Vec<Turn>>,
+pub struct Conversation {
+    pub id: String,
+    pub sessions: Vec<Vec<Turn>>,
+    /// `session_N_date_time` of each session, as given.
+    pub dates: Vec<Option<String>>,
 }
 
-fn load(path: &Path) -> Result<Vec<Conversation>> {
+/// Loads LoCoMo conversations (turns as two-speaker logs, captions appended as text).
+pub fn load(path: &Path) -> Result<Vec<Conversation>> {
     let data: Value = serde_json::from_str(
         &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
     )?;
@@ -39,6 +42,7 @@ fn load(path: &Path) -> Result<Vec<Conversation>> {
     for conv in data.as_array().context("LoCoMo file must be a JSON list")? {
         let c = &conv["conversation"];
         let mut sessions = Vec::new();
+        let mut dates = Vec::new();
         for n in 1.. {
             let Some(turns) = c.get(format!("session_{n}")).and_then(Value::as_array) else {
                 break;
@@ -63,10 +67,16 @@ fn load(path: &Path) -> Result<Vec<Conversation>> {
                 })
                 .collect();
             sessions.push(turns);
+            dates.push(
+                c.get(format!("session_{n}_date_time"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            );
         }
         out.push(Conversation {
             id: conv["sample_id"].as_str().unwrap_or("?").to_string(),
             sessions,
+            dates,
         });
     }
     Ok(out)

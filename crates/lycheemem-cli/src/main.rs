@@ -2,6 +2,7 @@
 //! crates together; every behaviour lives in a library.
 
 mod bench_embed;
+mod bench_encode;
 mod bench_llm;
 mod bench_segment;
 mod demo;
@@ -50,6 +51,8 @@ enum BenchWhat {
     Llm(bench_llm::BenchLlmArgs),
     /// Segmentation on LoCoMo: segments and finalize reasons per policy.
     Segment(bench_segment::BenchSegmentArgs),
+    /// Construction cost on LoCoMo: encode the first sessions of one conversation.
+    Encode(bench_encode::BenchEncodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchWhat::Segment(args),
         } => bench_segment::run(&models_dir, args),
+        Command::Bench {
+            what: BenchWhat::Encode(args),
+        } => bench_encode::run(&models_dir, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -304,8 +304,11 @@ pub struct EncodeConfig {
     pub max_output_tokens: u32,
     /// Each turn's text in the encoder prompt keeps at most this many chars (head and tail).
     pub turn_chars: usize,
-    /// Most records one segment may produce (bounds the constrained output).
+    /// Most records one segment may produce (bounds the constrained output) ...
     pub max_records: usize,
+    /// ... and at most this many per turn of the segment (small models otherwise keep
+    /// inventing records until the token budget truncates the JSON).
+    pub max_records_per_turn: usize,
     /// Repetition penalty for local encoder calls (small models otherwise loop inside strings).
     pub repeat_penalty: f32,
 }
@@ -322,6 +325,7 @@ impl Default for EncodeConfig {
             max_output_tokens: 1024,
             turn_chars: 4000,
             max_records: 24,
+            max_records_per_turn: 3,
             repeat_penalty: 1.1,
         }
     }

@@ -11,6 +11,7 @@ pub mod evidence;
 pub mod normalize;
 pub mod plan;
 pub mod record;
+pub mod text;
 pub mod tokens;
 pub mod turn;
 pub mod usage;

@@ -5,6 +5,7 @@
 
 use chrono::NaiveDate;
 use lycheemem_core::config::{EncodeConfig, RecordStyle};
+use lycheemem_core::text::head_and_tail;
 use lycheemem_core::{Namespace, Record, Segment, Turn};
 use lycheemem_llm::{ChatMessage, GenerateOptions, Llm};
 use std::sync::Arc;
@@ -65,17 +66,6 @@ pub struct SegmentEncoder {
     cfg: EncodeConfig,
 }
 
-fn head_and_tail(text: &str, max: usize) -> String {
-    let count = text.chars().count();
-    if count <= max {
-        return text.to_string();
-    }
-    let half = max / 2;
-    let head: String = text.chars().take(half).collect();
-    let tail: String = text.chars().skip(count - half).collect();
-    format!("{head} … {tail}")
-}
-
 impl SegmentEncoder {
     pub fn new(llm: Arc<dyn Llm>, cfg: EncodeConfig) -> Self {
         SegmentEncoder { llm, cfg }
@@ -113,7 +103,7 @@ impl SegmentEncoder {
             };
             user.push_str(&format!(
                 "[{i}] {who}: {}\n",
-                head_and_tail(&turn.text, self.cfg.turn_chars)
+                head_and_tail(&turn.text, self.cfg.turn_chars / 2)
             ));
         }
         let system = match self.cfg.record_style {
@@ -145,7 +135,15 @@ impl SegmentEncoder {
             created_at: session_day.map(|d| d.format("%Y-%m-%d").to_string()),
         };
         let schema = match self.cfg.record_style {
-            RecordStyle::Typed => records_schema(input.turns.len(), self.cfg.max_records),
+            RecordStyle::Typed => {
+                let cap = self.cfg.max_records.min(
+                    self.cfg
+                        .max_records_per_turn
+                        .saturating_mul(input.turns.len())
+                        .max(1),
+                );
+                records_schema(input.turns.len(), cap)
+            }
             RecordStyle::SummaryRecords => summary_schema(),
         };
         let options = GenerateOptions {

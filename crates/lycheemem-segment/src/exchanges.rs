@@ -2,6 +2,7 @@
 //! user turn in chat logs; any turn in two-speaker logs) or at `finish`, because more assistant
 //! replies may still arrive. The pending exchange is serializable so it survives restarts.
 
+use lycheemem_core::text::head_and_tail;
 use lycheemem_core::{Role, Turn, estimate_tokens};
 use serde::{Deserialize, Serialize};
 
@@ -43,17 +44,6 @@ impl PendingExchange {
             .map(|(i, author, text)| (*i, estimate_tokens(author) + estimate_tokens(text)))
             .collect()
     }
-}
-
-/// Keeps the first and last `n` characters of `text`, joined by " … ", when it is longer.
-pub fn head_and_tail(text: &str, n: usize) -> String {
-    let count = text.chars().count();
-    if count <= 2 * n {
-        return text.to_string();
-    }
-    let head: String = text.chars().take(n).collect();
-    let tail: String = text.chars().skip(count - n).collect();
-    format!("{head} … {tail}")
 }
 
 /// Groups turns into exchanges as they arrive.

