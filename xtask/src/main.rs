@@ -13,7 +13,17 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run_task() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_task() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let task = args.next().unwrap_or_default();
     let rest: Vec<String> = args.collect();
@@ -65,18 +75,15 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
+/// `cargo run --release --quiet -p lycheemem-cli --` (the CLI in release).
+fn cli_release() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "--quiet", "-p", "lycheemem-cli", "--"]);
+    cmd
+}
+
 fn demo(extra: &[String]) -> Result<()> {
-    run(cargo()
-        .args([
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "lycheemem-cli",
-            "--",
-            "demo",
-        ])
-        .args(extra))
+    run(cli_release().arg("demo").args(extra))
 }
 
 fn test() -> Result<()> {
@@ -144,18 +151,8 @@ fn cli_bench(what: &str, python: &Path, extra: &[String]) -> Result<()> {
             "../shared/benchmarks/locomo/locomo_dev8.json".into(),
         ]);
     }
-    run(cargo()
-        .args([
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "lycheemem-cli",
-            "--",
-            "bench",
-            what,
-            "--reference-python",
-        ])
+    run(cli_release()
+        .args(["bench", what, "--reference-python"])
         .arg(python)
         .args(args))
 }

@@ -208,6 +208,16 @@ fn push_merged(records: &mut Vec<Record>, r: Record) {
     }
 }
 
+/// The reply's disambiguation note (empty when absent or not a string).
+fn disambiguation_of(value: &Value) -> String {
+    value
+        .get("disambiguation_context")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
 /// Parses a typed-records reply.
 pub fn parse_records(text: &str, ctx: &ParseContext<'_>) -> Result<Parsed, String> {
     let value = extract_json(text)?;
@@ -223,12 +233,7 @@ pub fn parse_records(text: &str, ctx: &ParseContext<'_>) -> Result<Parsed, Strin
             None => dropped += 1,
         }
     }
-    let disambiguation = value
-        .get("disambiguation_context")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let disambiguation = disambiguation_of(&value);
     Ok(Parsed {
         records,
         disambiguation,
@@ -260,12 +265,7 @@ pub fn parse_summary(text: &str, ctx: &ParseContext<'_>) -> Result<Parsed, Strin
         created_at: ctx.created_at.clone(),
         confidence: 1.0,
     };
-    let disambiguation = value
-        .get("disambiguation_context")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let disambiguation = disambiguation_of(&value);
     Ok(Parsed {
         records: vec![record],
         disambiguation,
