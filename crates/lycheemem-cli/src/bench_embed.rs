@@ -2,12 +2,12 @@
 //! sentence-transformers on torch, same model, same texts, same threads, in one run.
 
 use anyhow::{Context, Result, bail};
+
+use crate::reference_run::ReferenceRun;
 use clap::Args;
 use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions, cosine};
 use lycheemem_models::{FetchSource, ModelStore};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 const REFERENCE_SCRIPT: &str = include_str!("../../../scripts/reference/bench_embed.py");
@@ -74,37 +74,25 @@ pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
     let mut rows = vec![("lycheemem (candle)".to_string(), candle_best)];
     let mut agreement = None;
     if let Some(python) = &args.reference_python {
-        let tmp =
-            std::env::temp_dir().join(format!("lycheemem-bench-embed-{}", std::process::id()));
-        std::fs::create_dir_all(&tmp)?;
-        let script = tmp.join("bench_embed.py");
-        let texts_json = tmp.join("texts.json");
-        let out = tmp.join("reference.f32");
-        std::fs::write(&script, REFERENCE_SCRIPT)?;
+        let reference = ReferenceRun::new("bench_embed", REFERENCE_SCRIPT)?;
+        let texts_json = reference.file("texts.json");
+        let out = reference.file("reference.f32");
         std::fs::write(&texts_json, serde_json::to_string(&texts)?)?;
-        let output = Command::new(python)
-            .arg(&script)
-            .arg(&dir)
-            .arg(&texts_json)
-            .arg(args.threads.to_string())
-            .arg(args.batch_size.to_string())
-            .arg(args.repeats.max(1).to_string())
-            .arg(&out)
-            .env("OMP_NUM_THREADS", args.threads.to_string())
-            .output()
-            .with_context(|| format!("running {}", python.display()))?;
-        if !output.status.success() {
-            bail!(
-                "reference run failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-            );
-        }
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let line = stdout.lines().last().context("reference printed nothing")?;
-        let result: Value = serde_json::from_str(line).context("reference output is not JSON")?;
+        let threads = args.threads.to_string();
+        let batch = args.batch_size.to_string();
+        let repeats = args.repeats.max(1).to_string();
+        let result = reference.run(
+            python,
+            [
+                dir.as_os_str(),
+                texts_json.as_os_str(),
+                threads.as_ref(),
+                batch.as_ref(),
+                repeats.as_ref(),
+                out.as_os_str(),
+            ],
+            args.threads,
+        )?;
         let seconds = result["seconds"]
             .as_f64()
             .context("reference output lacks seconds")?;
@@ -129,7 +117,6 @@ pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
         let min = cosines.iter().copied().fold(f32::INFINITY, f32::min);
         let mean = cosines.iter().sum::<f32>() / cosines.len() as f32;
         agreement = Some((min, mean));
-        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     println!("\n| implementation | seconds | texts/s | ratio vs candle |");

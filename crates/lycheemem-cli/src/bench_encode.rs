@@ -8,11 +8,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 use lycheemem_core::config::{EncodeConfig, SegmentConfig, SegmentPolicy};
 use lycheemem_core::{Namespace, Turn};
-use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
+use lycheemem_embed::{BertEmbedder, EmbedderOptions};
 use lycheemem_encode::{ReferenceContext, SegmentEncoder, SegmentInput};
 use lycheemem_llm::{LocalOptions, open_llm};
 use lycheemem_models::{FetchSource, ModelStore};
-use lycheemem_segment::{ExchangeBuilder, ExchangeInput, ExchangeMode, Segmenter, SegmenterState};
+use lycheemem_segment::{Segmenter, SegmenterState};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -64,26 +64,14 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
     eprintln!("segment | turns | records | prompt+completion tokens | seconds");
     for (turns, date) in conv.sessions.iter().zip(&conv.dates).take(args.sessions) {
         turns_total += turns.len();
-        let mut builder = ExchangeBuilder::new(ExchangeMode::PerTurn);
-        let mut pending: Vec<_> = turns.iter().filter_map(|t| builder.push(t)).collect();
-        pending.extend(builder.finish());
-        let texts: Vec<String> = pending.iter().map(|p| p.embedding_text(2000)).collect();
-        let vectors = embedder.embed(&texts.iter().map(String::as_str).collect::<Vec<_>>())?;
         let mut state = SegmenterState::new(turns[0].session.clone());
         let mut found = Vec::new();
-        for (p, vector) in pending.iter().zip(vectors) {
-            found.extend(
-                segmenter
-                    .push(
-                        &mut state,
-                        ExchangeInput {
-                            first_turn: p.first_turn().unwrap_or(0),
-                            turn_tokens: p.turn_tokens(),
-                            vector,
-                        },
-                    )
-                    .0,
-            );
+        for x in crate::bench_segment::session_exchanges(
+            &embedder,
+            turns,
+            segmenter.config().embed_head_tail_chars,
+        )? {
+            found.extend(segmenter.push(&mut state, x).0);
         }
         found.extend(segmenter.flush(&mut state));
         let mut reference = ReferenceContext::default();

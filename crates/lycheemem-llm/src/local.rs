@@ -197,6 +197,12 @@ impl LocalLlm {
         Ok((prompt, ids))
     }
 
+    fn detokenize(&self, tokens: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(tokens, true)
+            .map_err(|e| Error::Model(format!("detokenization failed: {e}")))
+    }
+
     fn constraints(&self) -> Result<&SchemaConstraints> {
         self.constraints
             .get_or_init(|| {
@@ -302,14 +308,14 @@ impl LocalLlm {
                 c.commit(token)?;
             }
             generated.push(token);
-            text = self
-                .tokenizer
-                .decode(&generated, true)
-                .map_err(|e| Error::Model(format!("detokenization failed: {e}")))?;
-            if let Some(cut) = opts.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-                text.truncate(cut);
-                finish = FinishReason::Stop;
-                break;
+            // Detokenizing every step is only needed to look for stop strings.
+            if !opts.stop.is_empty() {
+                text = self.detokenize(&generated)?;
+                if let Some(cut) = opts.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+                    text.truncate(cut);
+                    finish = FinishReason::Stop;
+                    break;
+                }
             }
             if constraint.as_ref().is_some_and(|c| c.is_stopped()) {
                 finish = FinishReason::Stop;
@@ -317,6 +323,9 @@ impl LocalLlm {
             }
             logits = state.decoder.forward(&[token]).map_err(model_err)?;
             state.cached_tokens.push(token);
+        }
+        if opts.stop.is_empty() {
+            text = self.detokenize(&generated)?;
         }
         Ok(Completion {
             text,

@@ -35,14 +35,24 @@ fn exchange(turn: u32, tokens: u32, vector: Vec<f32>) -> ExchangeInput {
     }
 }
 
-fn run(seg: &Segmenter, stream: &[ExchangeInput]) -> Vec<Segment> {
+/// Feeds the stream, calling `before_each(i, state)` before exchange `i`, then flushes.
+fn run_with(
+    seg: &Segmenter,
+    stream: &[ExchangeInput],
+    mut before_each: impl FnMut(usize, &mut SegmenterState),
+) -> Vec<Segment> {
     let mut state = SegmenterState::new(SessionId::new("s").unwrap());
     let mut out = Vec::new();
-    for x in stream {
+    for (i, x) in stream.iter().enumerate() {
+        before_each(i, &mut state);
         out.extend(seg.push(&mut state, x.clone()).0);
     }
     out.extend(seg.flush(&mut state));
     out
+}
+
+fn run(seg: &Segmenter, stream: &[ExchangeInput]) -> Vec<Segment> {
+    run_with(seg, stream, |_, _| {})
 }
 
 /// Topics of `len` exchanges each, `tokens` per exchange.
@@ -177,17 +187,13 @@ fn a_restart_mid_stream_yields_the_same_segments() {
     let seg = Segmenter::new(SegmentConfig::default());
     let stream = topic_stream(&[0, 5, 11, 17], 6, 70);
     let uninterrupted = run(&seg, &stream);
-    let mut state = SegmenterState::new(SessionId::new("s").unwrap());
-    let mut out = Vec::new();
-    for (i, x) in stream.iter().enumerate() {
+    let out = run_with(&seg, &stream, |i, state| {
         if i % 7 == 3 {
             // Persist and reload the state as a process restart would.
-            let saved = serde_json::to_string(&state).unwrap();
-            state = serde_json::from_str(&saved).unwrap();
+            let saved = serde_json::to_string(&*state).unwrap();
+            *state = serde_json::from_str(&saved).unwrap();
         }
-        out.extend(seg.push(&mut state, x.clone()).0);
-    }
-    out.extend(seg.flush(&mut state));
+    });
     assert_eq!(out, uninterrupted);
 }
 
