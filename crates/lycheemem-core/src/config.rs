@@ -27,6 +27,7 @@ pub struct Config {
     pub segment: SegmentConfig,
     pub encode: EncodeConfig,
     pub organize: OrganizeConfig,
+    pub store: StoreConfig,
     pub retrieval: RetrievalConfig,
     pub answer: AnswerConfig,
 }
@@ -346,6 +347,45 @@ impl Default for OrganizeConfig {
         OrganizeConfig {
             memory_type_as_tag: false,
             node_text_chars: 2000,
+        }
+    }
+}
+
+/// Element type of the approximate vector indexes (the truth in redb is always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VectorPrecision {
+    F32,
+    F16,
+}
+
+/// Storage and index tuning (not part of the algorithm; no SPEC constant lives here).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Element type of the HNSW vector indexes.
+    pub vector_precision: VectorPrecision,
+    /// HNSW graph degree (usearch `connectivity`).
+    pub hnsw_connectivity: usize,
+    /// HNSW beam width while inserting.
+    pub hnsw_expansion_add: usize,
+    /// HNSW beam width while searching.
+    pub hnsw_expansion_search: usize,
+    /// A filtered vector search whose allowed set is at most this large is answered exactly.
+    pub exact_search_below: usize,
+    /// Persist the derived indexes (and trim the change log) after this many changes.
+    pub checkpoint_every: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            vector_precision: VectorPrecision::F32,
+            hnsw_connectivity: 16,
+            hnsw_expansion_add: 128,
+            hnsw_expansion_search: 64,
+            exact_search_below: 2048,
+            checkpoint_every: 10_000,
         }
     }
 }

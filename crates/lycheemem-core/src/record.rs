@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 
+use crate::date::{CalendarDate, find_dates};
 use crate::turn::{Namespace, SessionId};
 
 /// The seven record types of LycheeMemory V2.
@@ -129,6 +130,19 @@ impl Record {
         format!("r_{}", hex::encode(&digest[..12]))
     }
 
+    /// Every distinct calendar date mentioned in the temporal fields, in field order.
+    pub fn dates(&self) -> Vec<CalendarDate> {
+        let mut out: Vec<CalendarDate> = Vec::new();
+        for field in self.temporal.fields() {
+            for d in find_dates(field) {
+                if !out.contains(&d) {
+                    out.push(d);
+                }
+            }
+        }
+        out
+    }
+
     /// `"<type>: <text>"`.
     pub fn make_normalized_text(memory_type: MemoryType, semantic_text: &str) -> String {
         format!("{}: {}", memory_type.as_str(), semantic_text.trim())
@@ -189,4 +203,27 @@ pub struct EvidenceNode {
     pub span: Option<(String, String)>,
     /// Label plus linked record texts, capped; the text that is embedded and indexed.
     pub search_text: String,
+}
+
+impl EvidenceNode {
+    /// The node's search text: its label followed by the linked record texts, one per line,
+    /// cut at `max_chars` characters (SPEC §3).
+    pub fn compose_search_text<'a>(
+        label: &str,
+        record_texts: impl IntoIterator<Item = &'a str>,
+        max_chars: usize,
+    ) -> String {
+        let mut text = label.to_string();
+        for t in record_texts {
+            if text.chars().count() >= max_chars {
+                break;
+            }
+            text.push('\n');
+            text.push_str(t);
+        }
+        if let Some((i, _)) = text.char_indices().nth(max_chars) {
+            text.truncate(i);
+        }
+        text
+    }
 }

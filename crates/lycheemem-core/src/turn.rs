@@ -7,8 +7,8 @@ use crate::error::{Error, Result};
 
 /// One user's (tenant's) whole memory. Nothing ever crosses namespaces.
 ///
-/// A namespace is 1..=128 characters from `[A-Za-z0-9._-]`, so it can appear in keys, paths and
-/// URLs without escaping.
+/// A namespace is 1..=128 characters from `[A-Za-z0-9._-]` not starting with `.`, so it can
+/// appear in keys, paths and URLs without escaping (and never names `.` or `..`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Namespace(String);
@@ -18,9 +18,13 @@ impl Namespace {
     pub fn new(name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-        if name.is_empty() || name.len() > 128 || !name.chars().all(valid_char) {
+        if name.is_empty()
+            || name.len() > 128
+            || name.starts_with('.')
+            || !name.chars().all(valid_char)
+        {
             return Err(Error::InvalidInput(format!(
-                "namespace {name:?} must be 1-128 characters from [A-Za-z0-9._-]"
+                "namespace {name:?} must be 1-128 characters from [A-Za-z0-9._-], not starting with '.'"
             )));
         }
         Ok(Namespace(name))

@@ -8,7 +8,7 @@
 //! text (label + linked record texts) grows up to a cap.
 
 use lycheemem_core::config::OrganizeConfig;
-use lycheemem_core::date::{CalendarDate, find_dates};
+use lycheemem_core::date::CalendarDate;
 use lycheemem_core::{EvidenceNode, NodeKind, Record, Segment, normalize_key};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -55,18 +55,6 @@ impl NodeUpsert {
     }
 }
 
-fn record_dates(r: &Record) -> Vec<CalendarDate> {
-    let mut out: Vec<CalendarDate> = Vec::new();
-    for field in r.temporal.fields() {
-        for d in find_dates(field) {
-            if !out.contains(&d) {
-                out.push(d);
-            }
-        }
-    }
-    out
-}
-
 /// The node upserts for one finalized segment's records, in a deterministic order.
 pub fn organize(records: &[Record], segment: &Segment, cfg: &OrganizeConfig) -> Vec<NodeUpsert> {
     let mut nodes: BTreeMap<String, NodeUpsert> = BTreeMap::new();
@@ -79,7 +67,7 @@ pub fn organize(records: &[Record], segment: &Segment, cfg: &OrganizeConfig) -> 
                 .link(r, dates);
         };
     for r in records {
-        let dates = record_dates(r);
+        let dates = r.dates();
         let mut tags: Vec<(String, String)> = r
             .tags
             .iter()
@@ -139,7 +127,7 @@ pub fn organize(records: &[Record], segment: &Segment, cfg: &OrganizeConfig) -> 
                 segment.id.clone(),
                 &label,
                 r,
-                &record_dates(r),
+                &r.dates(),
             );
         }
     }

@@ -1,0 +1,146 @@
+//! The redb tables (the source of truth) and typed access helpers.
+//!
+//! Values are JSON except vectors (little-endian f32). Keys are built in [`crate::keys`].
+
+use lycheemem_core::{Error, EvidenceNode, Record, Result, Turn};
+use redb::{ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::types::Target;
+
+/// Counters: `seq` (last write sequence), `next_key` (next index key), `log_floor` (changes at
+/// or below it have been trimmed), `dims`.
+pub(crate) const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+/// Store identity (`store_id`), so an index folder from another store is never trusted.
+pub(crate) const INFO: TableDefinition<&str, &str> = TableDefinition::new("info");
+pub(crate) const SESSIONS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("sessions");
+pub(crate) const TURNS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("turns");
+pub(crate) const SEGMENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("segments");
+pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
+pub(crate) const NODES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("nodes");
+/// `ns \0 record \0 node` → (): which nodes link a record.
+pub(crate) const RECORD_NODES: TableDefinition<&[u8], ()> = TableDefinition::new("record_nodes");
+/// `ns \0 session \0 record` → (): which records came from a session.
+pub(crate) const SESSION_RECORDS: TableDefinition<&[u8], ()> =
+    TableDefinition::new("session_records");
+pub(crate) const STATE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("state");
+pub(crate) const USAGE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("usage");
+/// `ns \0 target key` → f32 LE bytes.
+pub(crate) const VECTORS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("vectors");
+/// `ns \0 target key` → item id: turns index keys back into items.
+pub(crate) const KEYS: TableDefinition<&[u8], &str> = TableDefinition::new("keys");
+/// `ns \0 target id` → (): items without a current vector.
+pub(crate) const PENDING: TableDefinition<&[u8], ()> = TableDefinition::new("pending_vectors");
+/// seq → [`Change`]: what the derived indexes must apply.
+pub(crate) const CHANGES: TableDefinition<u64, &[u8]> = TableDefinition::new("changes");
+
+/// A stored raw turn with its index key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TurnRow {
+    pub turn: Turn,
+    pub key: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct RecordRow {
+    pub record: Record,
+    pub key: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct NodeRow {
+    pub node: EvidenceNode,
+    pub key: u64,
+}
+
+/// One entry of the change log. Applying a change is idempotent: an `Item` change makes the
+/// indexes match the item's current row (present with this key → indexed, otherwise removed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Change {
+    Item {
+        ns: String,
+        target: Target,
+        id: String,
+        key: u64,
+    },
+    DropNamespace {
+        ns: String,
+    },
+}
+
+pub(crate) fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| Error::Store(format!("cannot serialize: {e}")))
+}
+
+pub(crate) fn from_json<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Store(format!("corrupt {what} row: {e}")))
+}
+
+/// Reads and decodes one JSON row.
+pub(crate) fn get_json<T: DeserializeOwned>(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+    what: &str,
+) -> Result<Option<T>> {
+    match table.get(key).map_err(db_err)? {
+        Some(v) => Ok(Some(from_json(v.value(), what)?)),
+        None => Ok(None),
+    }
+}
+
+/// All `(key, value)` pairs whose key starts with `prefix`.
+pub(crate) fn scan_prefix(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    prefix: &[u8],
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let end = crate::keys::prefix_end(prefix);
+    let mut out = Vec::new();
+    for entry in table.range(prefix..end.as_slice()).map_err(db_err)? {
+        let (k, v) = entry.map_err(db_err)?;
+        out.push((k.value().to_vec(), v.value().to_vec()));
+    }
+    Ok(out)
+}
+
+/// All keys starting with `prefix` in a table with unit values.
+pub(crate) fn scan_keys(
+    table: &impl ReadableTable<&'static [u8], ()>,
+    prefix: &[u8],
+) -> Result<Vec<Vec<u8>>> {
+    let end = crate::keys::prefix_end(prefix);
+    let mut out = Vec::new();
+    for entry in table.range(prefix..end.as_slice()).map_err(db_err)? {
+        let (k, _) = entry.map_err(db_err)?;
+        out.push(k.value().to_vec());
+    }
+    Ok(out)
+}
+
+/// Number of keys starting with `prefix`.
+pub(crate) fn count_prefix<V: redb::Value + 'static>(
+    table: &impl ReadableTable<&'static [u8], V>,
+    prefix: &[u8],
+) -> Result<u64> {
+    let end = crate::keys::prefix_end(prefix);
+    let mut n = 0;
+    for entry in table.range(prefix..end.as_slice()).map_err(db_err)? {
+        entry.map_err(db_err)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+pub(crate) fn vector_to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn vector_from_bytes(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Maps any redb error into the store error.
+pub(crate) fn db_err(e: impl Into<redb::Error>) -> Error {
+    Error::Store(format!("database: {}", e.into()))
+}

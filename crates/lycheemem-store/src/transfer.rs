@@ -1,0 +1,315 @@
+//! Export of a namespace to JSON Lines and import back, possibly into another store or name.
+//!
+//! The first line is a header (`format`, `version`, `namespace`, `dims`); then one object per
+//! line tagged by `kind`: `session`, `turn`, `segment`, `record`, `node`, `state`, `usage`.
+//! Vectors are included on request; on import, missing vectors are recomputed by the caller's
+//! embedding function, or left pending (see [`Store::pending_vectors`]) when there is none.
+//! An import is one transaction: it lands completely or not at all.
+
+use lycheemem_core::usage::TokenUsage;
+use lycheemem_core::{Error, EvidenceNode, Namespace, Record, Result, SessionId, Turn};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+
+use crate::keys;
+use crate::store::Store;
+use crate::tables::*;
+use crate::types::{SegmentRow, SessionInfo, Target};
+
+const FORMAT: &str = "lycheemem-export";
+const VERSION: u32 = 1;
+
+/// What goes into an export.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExportOptions {
+    pub include_vectors: bool,
+}
+
+/// What an import stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportReceipt {
+    pub sessions: u64,
+    pub turns: u64,
+    pub segments: u64,
+    pub records: u64,
+    pub nodes: u64,
+    pub state_entries: u64,
+    pub usage_entries: u64,
+    /// Vectors taken from the file.
+    pub vectors_imported: u64,
+    /// Vectors computed by the embedding function.
+    pub vectors_computed: u64,
+    /// Items left without a vector.
+    pub vectors_pending: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Line {
+    Header {
+        format: String,
+        version: u32,
+        namespace: String,
+        dims: usize,
+    },
+    Session(SessionInfo),
+    Turn {
+        turn: Turn,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vector: Option<Vec<f32>>,
+    },
+    Segment(SegmentRow),
+    Record {
+        record: Record,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vector: Option<Vec<f32>>,
+    },
+    Node {
+        node: EvidenceNode,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vector: Option<Vec<f32>>,
+    },
+    State {
+        session: SessionId,
+        name: String,
+        value: serde_json::Value,
+    },
+    Usage(TokenUsage),
+}
+
+/// Text embedded for each kind of item, the same text the indexes see.
+fn embed_text(line: &Line) -> Option<String> {
+    match line {
+        Line::Turn { turn, .. } => Some(format!("{}: {}", turn.author(), turn.text)),
+        Line::Record { record, .. } => Some(record.normalized_text.clone()),
+        Line::Node { node, .. } => Some(node.search_text.clone()),
+        _ => None,
+    }
+}
+
+fn write_line(out: &mut dyn Write, line: &Line) -> Result<()> {
+    let json = serde_json::to_string(line).map_err(|e| Error::Store(format!("export: {e}")))?;
+    writeln!(out, "{json}").map_err(|e| Error::Store(format!("export write failed: {e}")))
+}
+
+impl Store {
+    /// Writes namespace `ns` as JSON Lines from one consistent snapshot; returns lines written.
+    pub fn export(&self, ns: &Namespace, out: &mut dyn Write, opts: ExportOptions) -> Result<u64> {
+        let txn = self.read_txn()?;
+        let prefix = keys::ns(ns);
+        let vectors = txn.open_table(VECTORS).map_err(db_err)?;
+        let vector = |target: Target, key: u64| -> Result<Option<Vec<f32>>> {
+            if !opts.include_vectors {
+                return Ok(None);
+            }
+            Ok(vectors
+                .get(keys::vector(ns, target, key).as_slice())
+                .map_err(db_err)?
+                .map(|v| vector_from_bytes(v.value())))
+        };
+        let mut n = 0u64;
+        let mut emit = |line: Line| -> Result<()> {
+            n += 1;
+            write_line(out, &line)
+        };
+        emit(Line::Header {
+            format: FORMAT.into(),
+            version: VERSION,
+            namespace: ns.to_string(),
+            dims: self.options().dims,
+        })?;
+        for (_, v) in scan_prefix(&txn.open_table(SESSIONS).map_err(db_err)?, &prefix)? {
+            emit(Line::Session(from_json(&v, "session")?))?;
+        }
+        for (_, v) in scan_prefix(&txn.open_table(TURNS).map_err(db_err)?, &prefix)? {
+            let row: TurnRow = from_json(&v, "turn")?;
+            let vector = vector(Target::Turn, row.key)?;
+            emit(Line::Turn {
+                turn: row.turn,
+                vector,
+            })?;
+        }
+        for (_, v) in scan_prefix(&txn.open_table(RECORDS).map_err(db_err)?, &prefix)? {
+            let row: RecordRow = from_json(&v, "record")?;
+            let vector = vector(Target::Record, row.key)?;
+            emit(Line::Record {
+                record: row.record,
+                vector,
+            })?;
+        }
+        for (_, v) in scan_prefix(&txn.open_table(NODES).map_err(db_err)?, &prefix)? {
+            let row: NodeRow = from_json(&v, "node")?;
+            let vector = vector(Target::Node(row.node.kind), row.key)?;
+            emit(Line::Node {
+                node: row.node,
+                vector,
+            })?;
+        }
+        for (_, v) in scan_prefix(&txn.open_table(SEGMENTS).map_err(db_err)?, &prefix)? {
+            emit(Line::Segment(from_json(&v, "segment")?))?;
+        }
+        for (k, v) in scan_prefix(&txn.open_table(STATE).map_err(db_err)?, &prefix)? {
+            let rest = keys::suffix(&k, &prefix);
+            let Some(split) = rest.iter().position(|b| *b == 0) else {
+                continue;
+            };
+            let session = SessionId::new(String::from_utf8_lossy(&rest[..split]).into_owned())?;
+            let name = String::from_utf8_lossy(&rest[split + 1..]).into_owned();
+            emit(Line::State {
+                session,
+                name,
+                value: from_json(&v, "state")?,
+            })?;
+        }
+        for (_, v) in scan_prefix(&txn.open_table(USAGE).map_err(db_err)?, &prefix)? {
+            emit(Line::Usage(from_json(&v, "usage")?))?;
+        }
+        Ok(n)
+    }
+
+    /// Imports an export into namespace `ns`, which must be empty. `embed` computes vectors the
+    /// file lacks (texts in, unit vectors out); without it such items are left pending.
+    pub fn import(
+        &self,
+        ns: &Namespace,
+        input: &mut dyn BufRead,
+        embed: Option<&dyn Fn(&[String]) -> Result<Vec<Vec<f32>>>>,
+    ) -> Result<ImportReceipt> {
+        if !self.sessions(ns)?.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "namespace {ns} is not empty; import into a new namespace or delete it first"
+            )));
+        }
+        let mut lines: Vec<Line> = Vec::new();
+        let mut raw = String::new();
+        let mut number = 0usize;
+        loop {
+            raw.clear();
+            let read = input
+                .read_line(&mut raw)
+                .map_err(|e| Error::InvalidInput(format!("import line {}: {e}", number + 1)))?;
+            if read == 0 {
+                break;
+            }
+            number += 1;
+            if raw.trim().is_empty() {
+                continue;
+            }
+            let line: Line = serde_json::from_str(raw.trim_end())
+                .map_err(|e| Error::InvalidInput(format!("import line {number}: {e}")))?;
+            if number == 1 {
+                match &line {
+                    Line::Header {
+                        format, version, ..
+                    } => {
+                        if format != FORMAT || *version != VERSION {
+                            return Err(Error::InvalidInput(format!(
+                                "not a {FORMAT} v{VERSION} file (found {format} v{version})"
+                            )));
+                        }
+                    }
+                    _ => {
+                        return Err(Error::InvalidInput(
+                            "import: the first line must be the export header".into(),
+                        ));
+                    }
+                }
+            }
+            lines.push(line);
+        }
+        let Some(Line::Header { dims, .. }) = lines.first() else {
+            return Err(Error::InvalidInput("import: empty file".into()));
+        };
+        let same_dims = *dims == self.options().dims;
+        let mut receipt = ImportReceipt::default();
+        // Vectors: keep the file's when comparable, otherwise compute what we can.
+        let mut missing: Vec<(usize, String)> = Vec::new();
+        for (i, line) in lines.iter_mut().enumerate() {
+            let slot = match line {
+                Line::Turn { vector, .. }
+                | Line::Record { vector, .. }
+                | Line::Node { vector, .. } => vector,
+                _ => continue,
+            };
+            if !same_dims {
+                *slot = None;
+            }
+            if slot.is_some() {
+                receipt.vectors_imported += 1;
+            } else if let Some(text) = embed_text(line) {
+                missing.push((i, text));
+            }
+        }
+        if let Some(embed) = embed {
+            for chunk in missing.chunks(64) {
+                let texts: Vec<String> = chunk.iter().map(|(_, t)| t.clone()).collect();
+                let vectors = embed(&texts)?;
+                if vectors.len() != texts.len() {
+                    return Err(Error::Store(format!(
+                        "import: the embedder returned {} vectors for {} texts",
+                        vectors.len(),
+                        texts.len()
+                    )));
+                }
+                for ((i, _), v) in chunk.iter().zip(vectors) {
+                    if let Line::Turn { vector, .. }
+                    | Line::Record { vector, .. }
+                    | Line::Node { vector, .. } = &mut lines[*i]
+                    {
+                        *vector = Some(v);
+                        receipt.vectors_computed += 1;
+                    }
+                }
+            }
+        } else {
+            receipt.vectors_pending = missing.len() as u64;
+        }
+        self.write(|w| {
+            for line in lines {
+                match line {
+                    Line::Header { .. } => {}
+                    Line::Session(info) => {
+                        w.put_session(
+                            ns,
+                            &SessionInfo {
+                                turn_count: 0,
+                                ..info
+                            },
+                        )?;
+                        receipt.sessions += 1;
+                    }
+                    Line::Turn { turn, vector } => {
+                        w.add_turn(ns, turn, vector.as_deref())?;
+                        receipt.turns += 1;
+                    }
+                    Line::Record { record, vector } => {
+                        w.put_record(ns, record, vector.as_deref())?;
+                        receipt.records += 1;
+                    }
+                    Line::Node { node, vector } => {
+                        w.put_node(ns, node, vector.as_deref())?;
+                        receipt.nodes += 1;
+                    }
+                    Line::Segment(row) => {
+                        w.put_segment(ns, &row)?;
+                        receipt.segments += 1;
+                    }
+                    Line::State {
+                        session,
+                        name,
+                        value,
+                    } => {
+                        w.put_state(ns, &session, &name, &value)?;
+                        receipt.state_entries += 1;
+                    }
+                    Line::Usage(u) => {
+                        w.log_usage(ns, &u)?;
+                        receipt.usage_entries += 1;
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok(receipt)
+    }
+}

@@ -1,0 +1,248 @@
+//! The usearch HNSW indexes: one per (namespace, target), cosine metric, derived from redb.
+//!
+//! Files live at `index/vectors/<namespace>/<target>.usearch`; `index/vectors/STATE` records
+//! the store id and the last change applied when they were saved. Files are written to a
+//! temporary name and renamed, and `STATE` is written last, so a crash leaves either the old
+//! state (replayed forward from the change log) or the new one.
+
+use lycheemem_core::config::{StoreConfig, VectorPrecision};
+use lycheemem_core::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
+
+use crate::types::Target;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedState {
+    store_id: String,
+    applied: u64,
+}
+
+struct VectorIndex {
+    index: Index,
+    dirty: bool,
+}
+
+/// All vector indexes of a store.
+pub(crate) struct VectorIndexes {
+    dir: PathBuf,
+    options: IndexOptions,
+    indexes: HashMap<(String, Target), VectorIndex>,
+    /// The last change applied.
+    pub applied: u64,
+    /// The last change included in the files on disk.
+    pub saved: u64,
+}
+
+fn usearch_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Store(format!("vector index {what}: {e}"))
+}
+
+impl VectorIndexes {
+    /// Loads the saved indexes, or returns `None` (after clearing the folder) when they cannot
+    /// be trusted: missing, written by another store, or unreadable. The caller then rebuilds.
+    pub fn load(dir: &Path, dims: usize, cfg: &StoreConfig, store_id: &str) -> Result<Self> {
+        let options = IndexOptions {
+            dimensions: dims,
+            metric: MetricKind::Cos,
+            quantization: match cfg.vector_precision {
+                VectorPrecision::F32 => ScalarKind::F32,
+                VectorPrecision::F16 => ScalarKind::F16,
+            },
+            connectivity: cfg.hnsw_connectivity,
+            expansion_add: cfg.hnsw_expansion_add,
+            expansion_search: cfg.hnsw_expansion_search,
+            multi: false,
+        };
+        let mut set = VectorIndexes {
+            dir: dir.to_path_buf(),
+            options,
+            indexes: HashMap::new(),
+            applied: 0,
+            saved: 0,
+        };
+        match set.try_load(store_id) {
+            Ok(Some(applied)) => {
+                set.applied = applied;
+                set.saved = applied;
+            }
+            Ok(None) => set.reset()?,
+            Err(e) => {
+                tracing::warn!("vector indexes unreadable, rebuilding: {e}");
+                set.reset()?;
+            }
+        }
+        Ok(set)
+    }
+
+    fn try_load(&mut self, store_id: &str) -> Result<Option<u64>> {
+        let state_path = self.dir.join("STATE");
+        let Ok(bytes) = std::fs::read(&state_path) else {
+            return Ok(None);
+        };
+        let state: SavedState = serde_json::from_slice(&bytes)
+            .map_err(|e| usearch_err("state", format!("{}: {e}", state_path.display())))?;
+        if state.store_id != store_id {
+            return Ok(None);
+        }
+        for ns_entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))? {
+            let ns_entry = ns_entry.map_err(|e| Error::io(&self.dir, e))?;
+            if !ns_entry.path().is_dir() {
+                continue;
+            }
+            let ns = ns_entry.file_name().to_string_lossy().into_owned();
+            for file in std::fs::read_dir(ns_entry.path()).map_err(|e| Error::io(&self.dir, e))? {
+                let path = file.map_err(|e| Error::io(&self.dir, e))?.path();
+                let Some(target) = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.strip_suffix(".usearch"))
+                    .and_then(|n| Target::parse(n).ok())
+                else {
+                    continue;
+                };
+                let index = Index::new(&self.options).map_err(|e| usearch_err("create", e))?;
+                index
+                    .load(&path.to_string_lossy())
+                    .map_err(|e| usearch_err("load", format!("{}: {e}", path.display())))?;
+                if index.dimensions() != self.options.dimensions {
+                    return Err(usearch_err("load", "dimension mismatch"));
+                }
+                self.indexes.insert(
+                    (ns.clone(), target),
+                    VectorIndex {
+                        index,
+                        dirty: false,
+                    },
+                );
+            }
+        }
+        Ok(Some(state.applied))
+    }
+
+    /// Forgets every index and removes the folder's contents.
+    pub fn reset(&mut self) -> Result<()> {
+        self.indexes.clear();
+        self.applied = 0;
+        self.saved = 0;
+        if self.dir.exists() {
+            std::fs::remove_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::io(&self.dir, e))
+    }
+
+    fn get_or_create(&mut self, ns: &str, target: Target) -> Result<&mut VectorIndex> {
+        let key = (ns.to_string(), target);
+        if !self.indexes.contains_key(&key) {
+            let index = Index::new(&self.options).map_err(|e| usearch_err("create", e))?;
+            self.indexes
+                .insert(key.clone(), VectorIndex { index, dirty: true });
+        }
+        Ok(self.indexes.get_mut(&key).expect("inserted above"))
+    }
+
+    /// Adds or replaces the vector under `key`.
+    pub fn upsert(&mut self, ns: &str, target: Target, key: u64, vector: &[f32]) -> Result<()> {
+        let v = self.get_or_create(ns, target)?;
+        if v.index.contains(key) {
+            v.index.remove(key).map_err(|e| usearch_err("remove", e))?;
+        }
+        if v.index.size() + 1 > v.index.capacity() {
+            let capacity = (v.index.capacity() * 2).max(64);
+            v.index
+                .reserve(capacity)
+                .map_err(|e| usearch_err("reserve", e))?;
+        }
+        v.index
+            .add(key, vector)
+            .map_err(|e| usearch_err("add", e))?;
+        v.dirty = true;
+        Ok(())
+    }
+
+    pub fn remove(&mut self, ns: &str, target: Target, key: u64) -> Result<()> {
+        if let Some(v) = self.indexes.get_mut(&(ns.to_string(), target))
+            && v.index.contains(key)
+        {
+            v.index.remove(key).map_err(|e| usearch_err("remove", e))?;
+            v.dirty = true;
+        }
+        Ok(())
+    }
+
+    pub fn drop_namespace(&mut self, ns: &str) -> Result<()> {
+        self.indexes.retain(|(n, _), _| n != ns);
+        let path = self.dir.join(ns);
+        if path.exists() {
+            std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Vectors indexed for `(ns, target)`.
+    pub fn len(&self, ns: &str, target: Target) -> usize {
+        self.indexes
+            .get(&(ns.to_string(), target))
+            .map_or(0, |v| v.index.size())
+    }
+
+    /// Approximate top-`k` as `(key, cosine similarity)`, best first; with `allowed`, only those
+    /// keys are returned.
+    pub fn search(
+        &self,
+        ns: &str,
+        target: Target,
+        query: &[f32],
+        k: usize,
+        allowed: Option<&HashSet<u64>>,
+    ) -> Result<Vec<(u64, f32)>> {
+        let Some(v) = self.indexes.get(&(ns.to_string(), target)) else {
+            return Ok(Vec::new());
+        };
+        if v.index.size() == 0 || k == 0 {
+            return Ok(Vec::new());
+        }
+        let matches = match allowed {
+            None => v.index.search(query, k),
+            Some(set) => v.index.filtered_search(query, k, |key| set.contains(&key)),
+        }
+        .map_err(|e| usearch_err("search", e))?;
+        Ok(matches
+            .keys
+            .into_iter()
+            .zip(matches.distances)
+            .map(|(key, d)| (key, 1.0 - d))
+            .collect())
+    }
+
+    /// Writes dirty indexes and then the state file recording `applied`.
+    pub fn save(&mut self, store_id: &str) -> Result<()> {
+        for ((ns, target), v) in self.indexes.iter_mut() {
+            if !v.dirty {
+                continue;
+            }
+            let folder = self.dir.join(ns);
+            std::fs::create_dir_all(&folder).map_err(|e| Error::io(&folder, e))?;
+            let path = folder.join(format!("{}.usearch", target.as_str()));
+            let tmp = folder.join(format!("{}.usearch.tmp", target.as_str()));
+            v.index
+                .save(&tmp.to_string_lossy())
+                .map_err(|e| usearch_err("save", format!("{}: {e}", tmp.display())))?;
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+            v.dirty = false;
+        }
+        let state = SavedState {
+            store_id: store_id.to_string(),
+            applied: self.applied,
+        };
+        let path = self.dir.join("STATE");
+        let tmp = self.dir.join("STATE.tmp");
+        let bytes = serde_json::to_vec(&state).map_err(|e| usearch_err("state", e))?;
+        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        self.saved = self.applied;
+        Ok(())
+    }
+}

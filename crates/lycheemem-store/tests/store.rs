@@ -1,0 +1,578 @@
+//! Behaviour of the store: writes and reads, namespaces, cascading deletes, rebuilds, filters,
+//! export/import and bad input.
+
+mod common;
+
+use common::*;
+use lycheemem_core::{NodeKind, Purpose, TokenUsage, TurnRef};
+use lycheemem_store::{
+    ExportOptions, ItemRef, SegmentOutcome, SegmentWrite, SessionInfo, Store, StoreOptions, Target,
+    VectorQuery,
+};
+
+fn open(dir: &std::path::Path) -> Store {
+    Store::open(dir, StoreOptions::new(DIMS)).unwrap()
+}
+
+/// Adds `n` turns to `session` with vectors seeded by `seed + index`.
+fn add_turns(store: &Store, ns: &lycheemem_core::Namespace, session: &str, n: u32, seed: u64) {
+    let start = store
+        .session(ns, &sid(session))
+        .unwrap()
+        .map_or(0, |s| s.turn_count);
+    let turns = (start..start + n)
+        .map(|i| {
+            (
+                turn(session, i, &format!("{session} turn {i} about word{i}")),
+                Some(vector(seed + u64::from(i))),
+            )
+        })
+        .collect();
+    store.add_turns(ns, turns).unwrap();
+}
+
+#[test]
+fn turns_segments_records_nodes_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("alice");
+    store
+        .put_session(&a, SessionInfo::new(sid("s1"), Some("2023-05-08".into())))
+        .unwrap();
+    add_turns(&store, &a, "s1", 6, 0);
+    let mut w = segment_write(
+        &a,
+        "s1",
+        0,
+        3,
+        &["Alice adopted a cat", "Alice lives in Oslo"],
+        100,
+    );
+    let seg_record = w.records[0].0.clone();
+    let day = node(NodeKind::Temporal, "day:2023-05-07", &[&seg_record]);
+    let month = node(NodeKind::Temporal, "month:2023-05", &[&seg_record]);
+    w.nodes.push((day, Some(vector(7))));
+    w.nodes.push((month, None));
+    w.state.push((
+        sid("s1"),
+        "segmenter".into(),
+        serde_json::json!({"centroid": [1, 2]}),
+    ));
+    w.usage.push(TokenUsage {
+        purpose: Purpose::Encode,
+        model: "m".into(),
+        prompt_tokens: 100,
+        completion_tokens: 20,
+        latency_ms: 5,
+        estimated: false,
+    });
+    store.commit_segment(&a, w).unwrap();
+
+    let stats = store.stats(&a).unwrap();
+    assert_eq!(
+        (stats.sessions, stats.turns, stats.segments, stats.records),
+        (1, 6, 1, 2)
+    );
+    assert_eq!(stats.nodes["entity"], 1);
+    assert_eq!(stats.nodes["temporal"], 2);
+    assert_eq!(
+        stats.pending_vectors, 1,
+        "the month node was stored without a vector"
+    );
+    assert_eq!(stats.usage.tokens(Purpose::Encode), 120);
+    assert_eq!(stats.vectors, stats.indexed_vectors);
+    assert_eq!(stats.text_rows["record"], 2);
+    assert_eq!(stats.text_rows["turn"], 6);
+
+    // Vector search finds the record by its own vector.
+    let hits = store
+        .vector_search(&a, &VectorQuery::new(Target::Record, vector(101), 1))
+        .unwrap();
+    assert_eq!(
+        hits[0].item,
+        ItemRef::Record(w_id(&a, "Alice lives in Oslo"))
+    );
+    assert!(hits[0].score > 0.99);
+    // BM25 finds it by a word (stemmed: "adopting" matches "adopted").
+    let hits = store
+        .text_search(&a, Target::Record, "adopting cats", 5, None)
+        .unwrap();
+    assert_eq!(hits[0].item, ItemRef::Record(seg_record.record_id.clone()));
+    // Temporal range lookup: the day inside the range and the month it touches.
+    let found = store
+        .temporal_nodes(&a, "2023-05-01", "2023-05-10")
+        .unwrap();
+    let ids: Vec<&str> = found.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(ids, ["temporal:day:2023-05-07", "temporal:month:2023-05"]);
+    assert!(
+        store
+            .temporal_nodes(&a, "2023-05-08", "2023-06-30")
+            .unwrap()
+            .len()
+            == 1
+    );
+    assert!(
+        store
+            .temporal_nodes(&a, "2023-07", "2023-08")
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.temporal_nodes(&a, "last week", "2023-08").is_err());
+    // Turn windows clamp at both ends.
+    let window = store
+        .turn_window(
+            &a,
+            &TurnRef {
+                session: sid("s1"),
+                index: 1,
+            },
+            2,
+        )
+        .unwrap();
+    assert_eq!(
+        window.iter().map(|t| t.index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    let state = store.state(&a, &sid("s1"), "segmenter").unwrap().unwrap();
+    assert_eq!(state["centroid"][1], 2);
+    let segs = store.segments(&a, &sid("s1")).unwrap();
+    assert_eq!(segs[0].record_ids.len(), 2);
+    // Pending vectors can be filled in later.
+    let pending = store.pending_vectors(&a, 10).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert!(pending[0].1.starts_with("month:2023-05"));
+    store
+        .set_vectors(&a, &[(pending[0].0.clone(), vector(9))])
+        .unwrap();
+    assert_eq!(store.stats(&a).unwrap().pending_vectors, 0);
+    let hits = store
+        .vector_search(
+            &a,
+            &VectorQuery::new(Target::Node(NodeKind::Temporal), vector(9), 1),
+        )
+        .unwrap();
+    assert_eq!(hits[0].item, ItemRef::Node("temporal:month:2023-05".into()));
+}
+
+fn w_id(ns: &lycheemem_core::Namespace, text: &str) -> String {
+    lycheemem_core::Record::make_id(ns, text)
+}
+
+#[test]
+fn second_opener_gets_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = open(dir.path());
+    let err = Store::open(dir.path(), StoreOptions::new(DIMS))
+        .err()
+        .expect("second open must fail")
+        .to_string();
+    assert!(err.contains("already open"), "{err}");
+}
+
+#[test]
+fn reopening_with_other_dimensions_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path()));
+    let err = Store::open(dir.path(), StoreOptions::new(DIMS + 1))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("8-dimensional"), "{err}");
+}
+
+#[test]
+fn bad_writes_are_rejected_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("a");
+    add_turns(&store, &a, "s", 2, 0);
+    // Skipping ahead.
+    let err = store
+        .add_turns(&a, vec![(turn("s", 5, "x"), None)])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("next turn index is 2"), "{err}");
+    // An identical retry is accepted; a different text at the same index is not.
+    store
+        .add_turns(
+            &a,
+            vec![(turn("s", 1, "s turn 1 about word1"), Some(vector(1)))],
+        )
+        .unwrap();
+    assert!(
+        store
+            .add_turns(&a, vec![(turn("s", 1, "changed"), None)])
+            .is_err()
+    );
+    // Wrong dimensions, NaN.
+    assert!(
+        store
+            .add_turns(&a, vec![(turn("s", 2, "x"), Some(vec![1.0; 3]))])
+            .is_err()
+    );
+    let mut nan = vector(3);
+    nan[0] = f32::NAN;
+    assert!(
+        store
+            .add_turns(&a, vec![(turn("s", 2, "x"), Some(nan))])
+            .is_err()
+    );
+    // A batch with one bad turn stores none of it.
+    let batch = vec![(turn("s", 2, "ok"), None), (turn("s", 9, "bad"), None)];
+    assert!(store.add_turns(&a, batch).is_err());
+    assert_eq!(store.turns(&a, &sid("s")).unwrap().len(), 2);
+    // A segment beyond the stored turns, a record citing a missing turn, a node with an
+    // unknown record.
+    assert!(
+        store
+            .commit_segment(&a, segment_write(&a, "s", 0, 4, &["x"], 1))
+            .is_err()
+    );
+    let mut w = segment_write(&a, "s", 0, 1, &["y"], 1);
+    w.records[0].0.evidence_turns = vec![7];
+    let err = store.commit_segment(&a, w).unwrap_err().to_string();
+    assert!(err.contains("s#7"), "{err}");
+    let mut w = segment_write(&a, "s", 0, 1, &["z"], 1);
+    w.records.clear();
+    assert!(store.commit_segment(&a, w).is_err());
+    let stats = store.stats(&a).unwrap();
+    assert_eq!((stats.segments, stats.records), (0, 0));
+}
+
+#[test]
+fn namespaces_never_see_each_other_and_deleting_one_spares_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let (a, b) = (ns("tenant-a"), ns("tenant-b"));
+    // Interleaved writes with the same session names and texts.
+    for round in 0..3u32 {
+        for n in [&a, &b] {
+            add_turns(&store, n, "shared", 2, 0);
+            let w = segment_write(
+                n,
+                "shared",
+                round * 2,
+                round * 2 + 1,
+                &[&format!("fact {round}")],
+                50,
+            );
+            store.commit_segment(n, w).unwrap();
+        }
+    }
+    let before_b = store.stats(&b).unwrap();
+    // Same texts, but ids are per namespace and searches stay inside.
+    for n in [&a, &b] {
+        let hits = store
+            .text_search(n, Target::Record, "fact", 10, None)
+            .unwrap();
+        assert_eq!(hits.len(), 3);
+        for h in hits {
+            let ItemRef::Record(id) = h.item else {
+                panic!()
+            };
+            assert_eq!(store.records(n, &[id]).unwrap().len(), 1);
+        }
+    }
+    let receipt = store.delete_namespace(&a).unwrap();
+    assert_eq!(
+        (receipt.sessions, receipt.turns, receipt.records),
+        (1, 6, 3)
+    );
+    assert_eq!(receipt.nodes_removed, 3);
+    let after_a = store.stats(&a).unwrap();
+    assert_eq!(after_a.turns + after_a.records + after_a.segments, 0);
+    assert!(after_a.indexed_vectors.values().all(|v| *v == 0));
+    assert!(after_a.text_rows.values().all(|v| *v == 0));
+    assert!(
+        store
+            .text_search(&a, Target::Turn, "turn", 10, None)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(store.stats(&b).unwrap(), before_b);
+    assert_eq!(store.namespaces().unwrap(), vec![b.clone()]);
+    // Survives a reopen too.
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.stats(&b).unwrap(), before_b);
+    assert_eq!(store.stats(&a).unwrap().turns, 0);
+}
+
+#[test]
+fn deleting_a_record_cascades_to_nodes_and_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("a");
+    add_turns(&store, &a, "s", 4, 0);
+    let w = segment_write(
+        &a,
+        "s",
+        0,
+        3,
+        &["Alice owns a red bicycle", "Alice likes tea"],
+        10,
+    );
+    let (bike, tea) = (w.records[0].0.clone(), w.records[1].0.clone());
+    let only_bike = node(NodeKind::Topic, "bicycles", &[&bike]);
+    let mut w = w;
+    w.nodes.push((only_bike, Some(vector(77))));
+    store.commit_segment(&a, w).unwrap();
+
+    let receipt = store.delete_record(&a, &bike.record_id).unwrap();
+    assert_eq!(receipt.records, 1);
+    assert_eq!(
+        receipt.nodes_removed, 1,
+        "the topic node linked only the bicycle"
+    );
+    assert_eq!(
+        receipt.nodes_updated, 1,
+        "the entity node keeps the tea record"
+    );
+    assert_eq!(receipt.vectors, 2);
+    let entity = &store.all_nodes(&a).unwrap()[0];
+    assert_eq!(entity.record_ids.len(), 1);
+    assert!(
+        !entity.search_text.contains("bicycle"),
+        "{}",
+        entity.search_text
+    );
+    assert!(entity.search_text.contains("tea"));
+    assert!(
+        store
+            .text_search(&a, Target::Record, "bicycle", 5, None)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store
+            .text_search(&a, Target::Node(NodeKind::Entity), "bicycle", 5, None)
+            .unwrap()
+            .is_empty()
+    );
+    // The rewritten node's old vector (which embedded the deleted text) is gone and queued.
+    let stats = store.stats(&a).unwrap();
+    assert_eq!(stats.indexed_vectors["entity"], 0);
+    assert_eq!(stats.pending_vectors, 1);
+    assert_eq!(
+        store.segments(&a, &sid("s")).unwrap()[0].record_ids,
+        vec![tea.record_id.clone()]
+    );
+
+    let receipt = store.delete_session(&a, &sid("s")).unwrap();
+    assert_eq!(
+        (receipt.sessions, receipt.turns, receipt.segments),
+        (1, 4, 1)
+    );
+    assert_eq!((receipt.records, receipt.nodes_removed), (1, 1));
+    let stats = store.stats(&a).unwrap();
+    assert_eq!(stats.turns + stats.records + stats.pending_vectors, 0);
+    assert!(stats.vectors.values().all(|v| *v == 0));
+}
+
+#[test]
+fn deleted_index_folders_are_rebuilt_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = ns("a");
+    let before;
+    {
+        let store = open(dir.path());
+        add_turns(&store, &a, "s", 10, 0);
+        store
+            .commit_segment(
+                &a,
+                segment_write(&a, "s", 0, 9, &["the quick fox", "lazy dog"], 20),
+            )
+            .unwrap();
+        before = store.stats(&a).unwrap();
+    }
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let store = open(dir.path());
+    assert_eq!(store.stats(&a).unwrap(), before);
+    let hits = store
+        .vector_search(&a, &VectorQuery::new(Target::Turn, vector(4), 1))
+        .unwrap();
+    assert_eq!(
+        hits[0].item,
+        ItemRef::Turn(TurnRef {
+            session: sid("s"),
+            index: 4
+        })
+    );
+    assert_eq!(
+        store
+            .text_search(&a, Target::Record, "fox", 3, None)
+            .unwrap()
+            .len(),
+        1
+    );
+    // A corrupt index file is also rebuilt rather than refused.
+    drop(store);
+    let file = dir.path().join("index/vectors/a/turn.usearch");
+    std::fs::write(&file, b"garbage").unwrap();
+    let store = open(dir.path());
+    assert_eq!(store.stats(&a).unwrap(), before);
+}
+
+#[test]
+fn session_filter_never_returns_fewer_than_k_when_more_match() {
+    let dir = tempfile::tempdir().unwrap();
+    // Force the HNSW filtered path (no small-set shortcut).
+    let mut opts = StoreOptions::new(DIMS);
+    opts.index.exact_search_below = 0;
+    let store = Store::open(dir.path(), opts).unwrap();
+    let a = ns("a");
+    add_turns(&store, &a, "big", 400, 0);
+    add_turns(&store, &a, "small", 12, 10_000);
+    for (session, expected) in [("small", 10), ("big", 10)] {
+        let q = VectorQuery::new(Target::Turn, vector(3), 10).in_session(sid(session));
+        let hits = store.vector_search(&a, &q).unwrap();
+        assert_eq!(hits.len(), expected, "{session}");
+        for h in &hits {
+            let ItemRef::Turn(t) = &h.item else { panic!() };
+            assert_eq!(t.session.as_str(), session);
+        }
+        assert!(hits.windows(2).all(|w| w[0].score >= w[1].score));
+    }
+    // Exact path: the best match within "small" is the true best.
+    let q = VectorQuery::new(Target::Turn, vector(10_005), 3).in_session(sid("small"));
+    let hits = store.vector_search(&a, &q).unwrap();
+    assert_eq!(
+        hits[0].item,
+        ItemRef::Turn(TurnRef {
+            session: sid("small"),
+            index: 5
+        })
+    );
+    // Text search with a session filter.
+    let hits = store
+        .text_search(&a, Target::Turn, "turn", 50, Some(&sid("small")))
+        .unwrap();
+    assert_eq!(hits.len(), 12);
+}
+
+#[test]
+fn export_import_round_trip_with_and_without_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("src");
+    store
+        .put_session(&a, SessionInfo::new(sid("s"), Some("2023-01-02".into())))
+        .unwrap();
+    add_turns(&store, &a, "s", 4, 0);
+    let mut w = segment_write(&a, "s", 0, 3, &["one fact", "another fact"], 5);
+    w.state.push((
+        sid("s"),
+        "reference_context".into(),
+        serde_json::json!(["one fact"]),
+    ));
+    store.commit_segment(&a, w).unwrap();
+    let mut failed = SegmentWrite::new(
+        segment("s", 3, 3),
+        SegmentOutcome::Failed {
+            error: "bad json".into(),
+        },
+    );
+    failed.usage.push(TokenUsage {
+        purpose: Purpose::Encode,
+        model: "m".into(),
+        prompt_tokens: 3,
+        completion_tokens: 4,
+        latency_ms: 1,
+        estimated: true,
+    });
+    store.commit_segment(&a, failed).unwrap();
+
+    let mut with_vectors = Vec::new();
+    store
+        .export(
+            &a,
+            &mut with_vectors,
+            ExportOptions {
+                include_vectors: true,
+            },
+        )
+        .unwrap();
+    let b = ns("copy");
+    let receipt = store
+        .import(&b, &mut with_vectors.as_slice(), None)
+        .unwrap();
+    assert_eq!(receipt.vectors_pending, 0);
+    let (sa, sb) = (store.stats(&a).unwrap(), store.stats(&b).unwrap());
+    assert_eq!(sa, sb);
+    // Ids are kept as exported, so node links and segments stay valid.
+    assert_eq!(
+        store.all_records(&a).unwrap(),
+        store.all_records(&b).unwrap()
+    );
+    assert_eq!(store.all_nodes(&a).unwrap(), store.all_nodes(&b).unwrap());
+    assert_eq!(
+        store.turns(&a, &sid("s")).unwrap(),
+        store.turns(&b, &sid("s")).unwrap()
+    );
+    assert_eq!(
+        store.segments(&a, &sid("s")).unwrap(),
+        store.segments(&b, &sid("s")).unwrap()
+    );
+    assert_eq!(
+        store.state(&b, &sid("s"), "reference_context").unwrap(),
+        Some(serde_json::json!(["one fact"]))
+    );
+    // Importing again into a non-empty namespace is refused.
+    assert!(
+        store
+            .import(&b, &mut with_vectors.as_slice(), None)
+            .is_err()
+    );
+
+    // Without vectors: recomputed by the embedding function.
+    let mut without = Vec::new();
+    store
+        .export(&a, &mut without, ExportOptions::default())
+        .unwrap();
+    let c = ns("recomputed");
+    let embed = |texts: &[String]| -> lycheemem_core::Result<Vec<Vec<f32>>> {
+        Ok(texts.iter().map(|t| vector(t.len() as u64)).collect())
+    };
+    let receipt = store
+        .import(&c, &mut without.as_slice(), Some(&embed))
+        .unwrap();
+    assert_eq!(receipt.vectors_imported, 0);
+    assert_eq!(receipt.vectors_computed, 4 + 2 + 1);
+    let sc = store.stats(&c).unwrap();
+    assert_eq!(sc.indexed_vectors, sa.indexed_vectors);
+    // A malformed line is reported with its number and nothing is imported.
+    let mut broken = without.clone();
+    broken.extend_from_slice(b"{not json}\n");
+    let err = store
+        .import(&ns("broken"), &mut broken.as_slice(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line"), "{err}");
+    assert_eq!(store.stats(&ns("broken")).unwrap().turns, 0);
+}
+
+#[test]
+fn invalid_utf8_and_huge_text_are_handled() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("a");
+    // Huge text is stored and searchable; it is the caller's job to cap what it embeds.
+    let big = "lorem ipsum ".repeat(100_000);
+    store
+        .add_turns(&a, vec![(turn("s", 0, &big), Some(vector(1)))])
+        .unwrap();
+    assert_eq!(
+        store
+            .text_search(&a, Target::Turn, "ipsum", 1, None)
+            .unwrap()
+            .len(),
+        1
+    );
+    // Invalid UTF-8 in an import file is a clear error.
+    let mut bytes = Vec::new();
+    store
+        .export(&a, &mut bytes, ExportOptions::default())
+        .unwrap();
+    bytes.extend_from_slice(&[0xff, 0xfe, b'\n']);
+    assert!(store.import(&ns("b"), &mut bytes.as_slice(), None).is_err());
+}
