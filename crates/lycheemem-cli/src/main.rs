@@ -5,6 +5,7 @@ mod bench_embed;
 mod bench_encode;
 mod bench_llm;
 mod bench_segment;
+mod bench_store;
 mod demo;
 mod locomo_text;
 mod models_cmd;
@@ -54,6 +55,8 @@ enum BenchWhat {
     Segment(bench_segment::BenchSegmentArgs),
     /// Construction cost on LoCoMo: encode the first sessions of one conversation.
     Encode(bench_encode::BenchEncodeArgs),
+    /// Store: insert throughput, vector search latency and recall vs exact search, BM25, reopen.
+    Store(bench_store::BenchStoreArgs),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +79,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchWhat::Encode(args),
         } => bench_encode::run(&models_dir, args),
+        Command::Bench {
+            what: BenchWhat::Store(args),
+        } => bench_store::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

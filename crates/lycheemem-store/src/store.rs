@@ -983,6 +983,15 @@ impl Store {
         Ok(())
     }
 
+    /// Changes the HNSW search beam width (`hnsw_expansion_search`) for this session: higher
+    /// trades speed for recall.
+    pub fn set_hnsw_expansion_search(&self, n: usize) {
+        self.vectors
+            .write()
+            .unwrap_or_else(lock_poisoned)
+            .set_expansion_search(n.max(1));
+    }
+
     /// The directory this store lives in.
     pub fn dir(&self) -> &Path {
         &self.dir
