@@ -301,7 +301,11 @@ pub struct EncodeConfig {
     pub reference_records: usize,
     /// Repair retries after malformed output before giving up on a segment.
     pub repair_retries: u32,
-    /// Completion budget for one encoder call.
+    /// Completion budget for one encoder call: `output_tokens_base + output_tokens_per_turn ×
+    /// turns`, capped at `max_output_tokens` (short segments need little; long ones need room
+    /// so the JSON is not cut off).
+    pub output_tokens_base: u32,
+    pub output_tokens_per_turn: u32,
     pub max_output_tokens: u32,
     /// Each turn's text in the encoder prompt keeps at most this many chars (head and tail).
     pub turn_chars: usize,
@@ -323,7 +327,9 @@ impl Default for EncodeConfig {
             reference_context_chars: 2400,
             reference_records: 12,
             repair_retries: 1,
-            max_output_tokens: 1024,
+            output_tokens_base: 256,
+            output_tokens_per_turn: 192,
+            max_output_tokens: 2048,
             turn_chars: 4000,
             max_records: 24,
             max_records_per_turn: 3,
@@ -373,7 +379,8 @@ pub struct StoreConfig {
     pub hnsw_expansion_search: usize,
     /// A filtered vector search whose allowed set is at most this large is answered exactly.
     pub exact_search_below: usize,
-    /// Persist the derived indexes (and trim the change log) after this many changes.
+    /// Persist the derived indexes (and trim the change log) after this many changes, or after
+    /// a quarter of the indexed vectors when that is more.
     pub checkpoint_every: u64,
 }
 

@@ -15,6 +15,7 @@ pub mod text;
 pub mod tokens;
 pub mod turn;
 pub mod usage;
+pub mod vector;
 
 pub use config::Config;
 pub use error::{Error, Result};

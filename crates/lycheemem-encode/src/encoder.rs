@@ -6,7 +6,7 @@
 use chrono::NaiveDate;
 use lycheemem_core::config::{EncodeConfig, RecordStyle};
 use lycheemem_core::text::head_and_tail;
-use lycheemem_core::{Namespace, Record, Segment, Turn};
+use lycheemem_core::{Namespace, Purpose, Record, Segment, TokenUsage, Turn};
 use lycheemem_llm::{ChatMessage, GenerateOptions, Llm};
 use std::sync::Arc;
 
@@ -56,6 +56,10 @@ pub struct EncodeOutcome {
     pub completion_tokens: u64,
     /// Records or fields dropped while validating.
     pub dropped: usize,
+    /// The accepted reply was cut off by the output budget; only its complete records were kept.
+    pub truncated: bool,
+    /// One entry per LLM call that returned (purpose `encode`).
+    pub usage: Vec<TokenUsage>,
     /// Why the segment produced no records, when it failed.
     pub failure: Option<String>,
 }
@@ -146,8 +150,13 @@ impl SegmentEncoder {
             }
             RecordStyle::SummaryRecords => summary_schema(),
         };
+        let budget = self.cfg.output_tokens_base.saturating_add(
+            self.cfg
+                .output_tokens_per_turn
+                .saturating_mul(input.turns.len() as u32),
+        );
         let options = GenerateOptions {
-            max_tokens: self.cfg.max_output_tokens,
+            max_tokens: budget.min(self.cfg.max_output_tokens).max(1),
             repeat_penalty: self.cfg.repeat_penalty,
             json_schema: Some(schema),
             ..Default::default()
@@ -160,6 +169,8 @@ impl SegmentEncoder {
             prompt_tokens: 0,
             completion_tokens: 0,
             dropped: 0,
+            truncated: false,
+            usage: Vec::new(),
             failure: None,
         };
         let mut last_error = String::new();
@@ -174,6 +185,14 @@ impl SegmentEncoder {
             };
             outcome.prompt_tokens += reply.prompt_tokens;
             outcome.completion_tokens += reply.completion_tokens;
+            outcome.usage.push(TokenUsage {
+                purpose: Purpose::Encode,
+                model: reply.model.clone(),
+                prompt_tokens: reply.prompt_tokens,
+                completion_tokens: reply.completion_tokens,
+                latency_ms: reply.latency_ms,
+                estimated: reply.usage_estimated,
+            });
             let parsed: Result<Parsed, String> = match self.cfg.record_style {
                 RecordStyle::Typed => parse_records(&reply.text, &ctx),
                 RecordStyle::SummaryRecords => parse_summary(&reply.text, &ctx),
@@ -188,6 +207,7 @@ impl SegmentEncoder {
                     outcome.records = p.records;
                     outcome.disambiguation = p.disambiguation;
                     outcome.dropped = p.dropped;
+                    outcome.truncated = p.truncated;
                     return outcome;
                 }
                 Err(problem) => {

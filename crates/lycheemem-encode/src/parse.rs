@@ -3,6 +3,7 @@
 //! coerced or dropped and counted: unknown type → fact, dates → ISO (relative ones resolved
 //! against the session date; unresolvable ones dropped), segment-local turn indices → absolute
 //! ones (out-of-range ones dropped; none left → the whole segment), identical texts merged.
+//! A reply cut off by the output budget keeps the records that were complete before the cut.
 
 use chrono::NaiveDate;
 use lycheemem_core::date::resolve_date;
@@ -29,6 +30,8 @@ pub struct Parsed {
     pub disambiguation: String,
     /// Records or fields that were dropped as unusable.
     pub dropped: usize,
+    /// The reply was cut off; `records` are the complete ones before the cut.
+    pub truncated: bool,
 }
 
 /// The JSON object in `text`: the whole text, a fenced block, or the outermost braces.
@@ -220,7 +223,17 @@ fn disambiguation_of(value: &Value) -> String {
 
 /// Parses a typed-records reply.
 pub fn parse_records(text: &str, ctx: &ParseContext<'_>) -> Result<Parsed, String> {
-    let value = extract_json(text)?;
+    let (value, truncated) = match extract_json(text) {
+        Ok(v) => (v, false),
+        Err(e) if e.contains("truncated") => {
+            let complete = salvage_records(text);
+            if complete.is_empty() {
+                return Err(e);
+            }
+            (serde_json::json!({ "records": complete }), true)
+        }
+        Err(e) => return Err(e),
+    };
     let list = value
         .get("records")
         .and_then(Value::as_array)
@@ -237,8 +250,60 @@ pub fn parse_records(text: &str, ctx: &ParseContext<'_>) -> Result<Parsed, Strin
     Ok(Parsed {
         records,
         disambiguation,
-        dropped,
+        dropped: dropped + usize::from(truncated),
+        truncated,
     })
+}
+
+/// The record objects that closed inside the `records` array of a reply cut off mid-way.
+fn salvage_records(text: &str) -> Vec<Value> {
+    let Some(start) = text.find("\"records\"") else {
+        return Vec::new();
+    };
+    let rest = &text[start..];
+    let Some(open) = rest.find('[') else {
+        return Vec::new();
+    };
+    let body = &rest[open + 1..];
+    let mut out = Vec::new();
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let mut object_start = None;
+    for (i, c) in body.char_indices() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' => {
+                if depth == 0 {
+                    object_start = Some(i);
+                }
+                depth += 1;
+            }
+            '}' => {
+                if depth == 0 {
+                    break;
+                }
+                depth -= 1;
+                if depth == 0
+                    && let Some(s) = object_start.take()
+                    && let Ok(v) = serde_json::from_str(&body[s..=i])
+                {
+                    out.push(v);
+                }
+            }
+            ']' if depth == 0 => break,
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Parses a `summary_records` reply into its single record.
@@ -270,5 +335,6 @@ pub fn parse_summary(text: &str, ctx: &ParseContext<'_>) -> Result<Parsed, Strin
         records: vec![record],
         disambiguation,
         dropped: 0,
+        truncated: false,
     })
 }

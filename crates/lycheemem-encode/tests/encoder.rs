@@ -6,60 +6,12 @@ use lycheemem_core::{
     FinalizeReason, MemoryType, Namespace, NodeKind, Role, Segment, SessionId, SourceRole, Turn,
 };
 use lycheemem_encode::{ReferenceContext, SegmentEncoder, SegmentInput, organize};
-use lycheemem_llm::{ChatMessage, Completion, FinishReason, GenerateOptions, Llm};
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use lycheemem_testkit::ScriptedLlm;
+use std::sync::Arc;
 
-/// Replies with scripted texts in order and records the prompts it saw.
-struct ScriptedLlm {
-    replies: Mutex<VecDeque<Result<String, String>>>,
-    prompts: Mutex<Vec<Vec<ChatMessage>>>,
-}
-
-impl ScriptedLlm {
-    fn new(replies: &[&str]) -> Arc<Self> {
-        Arc::new(ScriptedLlm {
-            replies: Mutex::new(replies.iter().map(|r| Ok(r.to_string())).collect()),
-            prompts: Mutex::new(Vec::new()),
-        })
-    }
-}
-
-impl Llm for ScriptedLlm {
-    fn complete(
-        &self,
-        messages: &[ChatMessage],
-        options: &GenerateOptions,
-    ) -> lycheemem_core::Result<Completion> {
-        assert!(
-            options.json_schema.is_some(),
-            "the encoder always asks for its schema"
-        );
-        self.prompts.lock().unwrap().push(messages.to_vec());
-        let reply = self
-            .replies
-            .lock()
-            .unwrap()
-            .pop_front()
-            .expect("no scripted reply left");
-        let text = reply.map_err(lycheemem_core::Error::LlmOutput)?;
-        Ok(Completion {
-            text,
-            finish_reason: FinishReason::Stop,
-            prompt_tokens: 100,
-            completion_tokens: 20,
-            cached_prompt_tokens: 0,
-            latency_ms: 1,
-            usage_estimated: false,
-            model: "scripted".into(),
-        })
-    }
-    fn model_id(&self) -> &str {
-        "scripted"
-    }
-    fn context_length(&self) -> Option<usize> {
-        None
-    }
+/// The scripted LLM with fixed usage (100 prompt + 20 completion tokens per call).
+fn scripted(replies: &[&str]) -> Arc<ScriptedLlm> {
+    Arc::new(ScriptedLlm::new(replies).with_usage(100, 20))
 }
 
 fn session() -> SessionId {
@@ -119,7 +71,7 @@ fn encode(
     Arc<ScriptedLlm>,
     ReferenceContext,
 ) {
-    let llm = ScriptedLlm::new(replies);
+    let llm = scripted(replies);
     let encoder = SegmentEncoder::new(
         llm.clone(),
         EncodeConfig {
@@ -167,7 +119,7 @@ fn well_formed_output_becomes_validated_records() {
     );
     assert!(out.dropped >= 1);
     // The prompt carries the session date and tagged turns; ρ is updated afterwards.
-    let prompt = &llm.prompts.lock().unwrap()[0][1].content;
+    let prompt = &llm.prompts()[0][1].content;
     assert!(
         prompt.contains("Session date: 2023-05-08T13:56:00"),
         "{prompt}"
@@ -193,7 +145,7 @@ fn truncated_output_gets_one_repair_round_showing_the_error() {
     assert_eq!(out.failure, None);
     assert_eq!(out.calls, 2);
     assert_eq!((out.prompt_tokens, out.completion_tokens), (200, 40));
-    let repair = llm.prompts.lock().unwrap()[1].clone();
+    let repair = llm.prompts()[1].clone();
     assert_eq!(repair.len(), 4);
     assert!(
         repair[3].content.contains("truncated"),
@@ -256,13 +208,9 @@ fn wrong_types_inside_records_are_coerced_or_dropped() {
 
 #[test]
 fn llm_errors_are_failures_not_panics() {
-    let llm = Arc::new(ScriptedLlm {
-        replies: Mutex::new(VecDeque::from([
-            Err("server down".to_string()),
-            Err("still down".to_string()),
-        ])),
-        prompts: Mutex::new(Vec::new()),
-    });
+    let llm = scripted(&[]);
+    llm.push_error("server down");
+    llm.push_error("still down");
     let encoder = SegmentEncoder::new(llm, EncodeConfig::default());
     let ns = Namespace::new("alice").unwrap();
     let (turns, seg) = (turns(), segment());
@@ -294,7 +242,7 @@ fn summary_records_variant_makes_one_untyped_record() {
 
 #[test]
 fn no_cross_segment_context_leaves_rho_out_of_the_prompt() {
-    let llm = ScriptedLlm::new(&[GOOD, GOOD]);
+    let llm = scripted(&[GOOD, GOOD]);
     let ns = Namespace::new("alice").unwrap();
     let (turns, seg) = (turns(), segment());
     let input = SegmentInput {
@@ -318,7 +266,7 @@ fn no_cross_segment_context_leaves_rho_out_of_the_prompt() {
         },
     )
     .encode(&input, &mut rho);
-    let prompts = llm.prompts.lock().unwrap();
+    let prompts = llm.prompts();
     assert!(
         prompts[0][1]
             .content

@@ -783,6 +783,7 @@ impl Store {
         vectors.reset()?;
         let txn = self.db.begin_read().map_err(db_err)?;
         let table = txn.open_table(VECTORS).map_err(db_err)?;
+        let mut batch = Vec::new();
         for entry in table.iter().map_err(db_err)? {
             let (k, v) = entry.map_err(db_err)?;
             let k = k.value();
@@ -792,13 +793,17 @@ impl Store {
                 continue;
             }
             let target = Target::ALL[usize::from(rest[0]).min(Target::ALL.len() - 1)];
-            vectors.upsert(
-                ns,
+            batch.push((
+                ns.to_string(),
                 target,
                 keys::be_u64(&rest[1..]),
-                &vector_from_bytes(v.value()),
-            )?;
+                vector_from_bytes(v.value()),
+            ));
+            if batch.len() >= 20_000 {
+                vectors.upsert_many(std::mem::take(&mut batch))?;
+            }
         }
+        vectors.upsert_many(batch)?;
         vectors.applied = seq;
         Ok(())
     }
@@ -846,6 +851,9 @@ impl Store {
         let nodes = txn.open_table(NODES).map_err(db_err)?;
         let turns = txn.open_table(TURNS).map_err(db_err)?;
         let vector_table = txn.open_table(VECTORS).map_err(db_err)?;
+        // Vector inserts are batched (and inserted in parallel); a removal flushes the batch
+        // first so operations on one key keep their order.
+        let mut batch: Vec<(String, Target, u64, Vec<f32>)> = Vec::new();
         for entry in changes.range(from + 1..=upto).map_err(db_err)? {
             let (seq, bytes) = entry.map_err(db_err)?;
             let seq = seq.value();
@@ -853,6 +861,7 @@ impl Store {
             match change {
                 Change::DropNamespace { ns } => {
                     if vectors.applied < seq {
+                        vectors.upsert_many(std::mem::take(&mut batch))?;
                         vectors.drop_namespace(&ns)?;
                     }
                     if text.applied < seq {
@@ -910,8 +919,11 @@ impl Store {
                             None => None,
                         };
                         match vector {
-                            Some(v) => vectors.upsert(&ns, target, key, &v)?,
-                            None => vectors.remove(&ns, target, key)?,
+                            Some(v) => batch.push((ns.clone(), target, key, v)),
+                            None => {
+                                vectors.upsert_many(std::mem::take(&mut batch))?;
+                                vectors.remove(&ns, target, key)?;
+                            }
                         }
                     }
                     if text.applied < seq {
@@ -930,6 +942,7 @@ impl Store {
                 }
             }
         }
+        vectors.upsert_many(batch)?;
         vectors.applied = vectors.applied.max(upto);
         text.applied = text.applied.max(upto);
         Ok(())
@@ -952,9 +965,15 @@ impl Store {
         let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
         let mut text = self.text.write().unwrap_or_else(lock_poisoned);
         self.apply_changes(&mut vectors, &mut text, seq)?;
-        if seq.saturating_sub(vectors.saved.min(text.committed))
-            >= self.options.index.checkpoint_every
-        {
+        // Saving costs time proportional to the index size and replaying on open costs time
+        // proportional to the changes since the save: checkpoint when the changes reach a
+        // quarter of the index (and at least `checkpoint_every`), so neither dominates.
+        let threshold = self
+            .options
+            .index
+            .checkpoint_every
+            .max(vectors.total_len() as u64 / 4);
+        if seq.saturating_sub(vectors.saved.min(text.committed)) >= threshold {
             self.checkpoint_locked(&mut vectors, &mut text)?;
         }
         Ok((value, WriteReceipt { seq }))
@@ -1451,12 +1470,6 @@ impl Store {
         allowed: &HashSet<u64>,
     ) -> Result<Vec<(u64, f32)>> {
         let table = txn.open_table(VECTORS).map_err(db_err)?;
-        let qn = query
-            .iter()
-            .map(|x| x * x)
-            .sum::<f32>()
-            .sqrt()
-            .max(f32::MIN_POSITIVE);
         let mut scored = Vec::with_capacity(allowed.len());
         for key in allowed {
             if let Some(v) = table
@@ -1464,14 +1477,7 @@ impl Store {
                 .map_err(db_err)?
             {
                 let v = vector_from_bytes(v.value());
-                let dot: f32 = v.iter().zip(query).map(|(a, b)| a * b).sum();
-                let vn = v
-                    .iter()
-                    .map(|x| x * x)
-                    .sum::<f32>()
-                    .sqrt()
-                    .max(f32::MIN_POSITIVE);
-                scored.push((*key, dot / (qn * vn)));
+                scored.push((*key, lycheemem_core::vector::cosine(&v, query)));
             }
         }
         scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));

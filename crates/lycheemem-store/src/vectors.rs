@@ -8,7 +8,9 @@
 //! state (replayed forward from the change log) or the new one.
 
 use lycheemem_core::config::{StoreConfig, VectorPrecision};
+use lycheemem_core::vector::{dot, normalize};
 use lycheemem_core::{Error, Result};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -40,8 +42,9 @@ pub(crate) struct VectorIndexes {
 
 /// `v / |v|`.
 fn unit(v: &[f32]) -> Vec<f32> {
-    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(f32::MIN_POSITIVE);
-    v.iter().map(|x| x / norm).collect()
+    let mut u = v.to_vec();
+    normalize(&mut u);
+    u
 }
 
 fn usearch_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -111,10 +114,11 @@ impl VectorIndexes {
                 else {
                     continue;
                 };
-                let index = Index::new(&self.options).map_err(|e| usearch_err("create", e))?;
+                let mut index = self.new_index()?;
                 index
                     .load(&path.to_string_lossy())
                     .map_err(|e| usearch_err("load", format!("{}: {e}", path.display())))?;
+                self.install_metric(&mut index);
                 if index.dimensions() != self.options.dimensions {
                     return Err(usearch_err("load", "dimension mismatch"));
                 }
@@ -128,6 +132,31 @@ impl VectorIndexes {
             }
         }
         Ok(Some(state.applied))
+    }
+
+    /// A new empty index. f32 indexes get our run-time-dispatched SIMD inner product (usearch
+    /// is built without its SIMD library to keep the build short; its portable kernel is
+    /// several times slower).
+    fn new_index(&self) -> Result<Index> {
+        let mut index = Index::new(&self.options).map_err(|e| usearch_err("create", e))?;
+        self.install_metric(&mut index);
+        Ok(index)
+    }
+
+    fn install_metric(&self, index: &mut Index) {
+        if self.options.quantization == ScalarKind::F32 {
+            let dims = self.options.dimensions;
+            index.change_metric::<f32>(Box::new(move |a: *const f32, b: *const f32| {
+                // SAFETY: usearch passes pointers to two stored vectors of `dims` floats.
+                let (a, b) = unsafe {
+                    (
+                        std::slice::from_raw_parts(a, dims),
+                        std::slice::from_raw_parts(b, dims),
+                    )
+                };
+                1.0 - dot(a, b)
+            }));
+        }
     }
 
     /// Forgets every index and removes the folder's contents.
@@ -151,22 +180,34 @@ impl VectorIndexes {
         Ok(self.indexes.get_mut(&key).expect("inserted above"))
     }
 
-    /// Adds or replaces the vector under `key`.
-    pub fn upsert(&mut self, ns: &str, target: Target, key: u64, vector: &[f32]) -> Result<()> {
-        let v = self.get_or_create(ns, target)?;
-        if v.index.contains(key) {
-            v.index.remove(key).map_err(|e| usearch_err("remove", e))?;
+    /// Adds or replaces many vectors, inserting in parallel. Within the batch the last vector
+    /// given for a key wins.
+    pub fn upsert_many(&mut self, batch: Vec<(String, Target, u64, Vec<f32>)>) -> Result<()> {
+        let mut groups: HashMap<(String, Target), HashMap<u64, Vec<f32>>> = HashMap::new();
+        for (ns, target, key, vector) in batch {
+            groups.entry((ns, target)).or_default().insert(key, vector);
         }
-        if v.index.size() + 1 > v.index.capacity() {
-            let capacity = (v.index.capacity() * 2).max(64);
-            v.index
-                .reserve(capacity)
-                .map_err(|e| usearch_err("reserve", e))?;
+        for ((ns, target), items) in groups {
+            let v = self.get_or_create(&ns, target)?;
+            for key in items.keys() {
+                if v.index.contains(*key) {
+                    v.index.remove(*key).map_err(|e| usearch_err("remove", e))?;
+                }
+            }
+            let needed = v.index.size() + items.len();
+            if needed > v.index.capacity() {
+                let capacity = needed.max(v.index.capacity() * 2).max(64);
+                v.index
+                    .reserve(capacity)
+                    .map_err(|e| usearch_err("reserve", e))?;
+            }
+            let index = &v.index;
+            items
+                .into_par_iter()
+                .try_for_each(|(key, vector)| index.add(key, &unit(&vector)))
+                .map_err(|e| usearch_err("add", e))?;
+            v.dirty = true;
         }
-        v.index
-            .add(key, &unit(vector))
-            .map_err(|e| usearch_err("add", e))?;
-        v.dirty = true;
         Ok(())
     }
 
@@ -197,6 +238,11 @@ impl VectorIndexes {
         }
     }
 
+    /// Vectors indexed in all indexes.
+    pub fn total_len(&self) -> usize {
+        self.indexes.values().map(|v| v.index.size()).sum()
+    }
+
     /// Vectors indexed for `(ns, target)`.
     pub fn len(&self, ns: &str, target: Target) -> usize {
         self.indexes
@@ -223,9 +269,7 @@ impl VectorIndexes {
         let query = unit(query);
         let matches = match allowed {
             None => v.index.search(&query, k),
-            Some(set) => v
-                .index
-                .filtered_search(&query, k, |key| set.contains(&key)),
+            Some(set) => v.index.filtered_search(&query, k, |key| set.contains(&key)),
         }
         .map_err(|e| usearch_err("search", e))?;
         Ok(matches
