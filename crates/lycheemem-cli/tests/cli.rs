@@ -91,3 +91,143 @@ fn demo_with_a_missing_local_model_fails_cleanly() {
     let stderr = stderr_of(lycheemem().args(["demo", "--embedder", "dir:/nonexistent/model"]));
     assert!(stderr.contains("not a directory"), "{stderr}");
 }
+
+/// A memory command against a store in `dir`, with every LLM purpose served by a fake
+/// OpenAI-compatible server (echo encoder, one-route plans, a fixed answer) and real MiniLM.
+fn memory_cmd(dir: &Path, url: &str) -> Command {
+    let mut cmd = lycheemem();
+    cmd.env("LYCHEEMEM_STORE", dir.join("store"))
+        .env("LYCHEEMEM_LLM", format!("openai:fake@{url}"))
+        .env_remove("LYCHEEMEM_NAMESPACE")
+        .env_remove("LYCHEEMEM_CONFIG");
+    cmd
+}
+
+fn stdout_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+const CONVERSATION: &str = r#"{"sessions": [
+ {"id": "s1", "date": "2024-03-02", "turns": [
+   {"role": "user", "text": "I adopted a beagle called Rex."},
+   {"role": "assistant", "text": "Congratulations!"},
+   {"role": "user", "text": "I am vegetarian."},
+   {"role": "assistant", "text": "Noted."}]},
+ {"id": "s2", "date": "2024-04-01", "turns": [
+   {"role": "user", "text": "I moved to Lisbon."},
+   {"role": "assistant", "text": "Exciting!"}]}]}"#;
+
+#[test]
+fn memory_commands_work_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = lycheemem_testkit::fake_openai_server(lycheemem_testkit::pipeline_reply(
+        "Rex is a beagle.",
+    ));
+    let file = tmp.path().join("conv.json");
+    std::fs::write(&file, CONVERSATION).unwrap();
+    let out = stdout_of(memory_cmd(tmp.path(), &url).args([
+        "ingest",
+        file.to_str().unwrap(),
+        "-n",
+        "alice",
+    ]));
+    assert!(out.contains("ingested 6 turns"), "{out}");
+    let out =
+        stdout_of(memory_cmd(tmp.path(), &url).args(["ask", "What breed is Rex?", "-n", "alice"]));
+    assert!(out.starts_with("Rex is a beagle."), "{out}");
+    assert!(out.contains("beagle called Rex"), "{out}");
+    let out =
+        stdout_of(memory_cmd(tmp.path(), &url).args(["search", "Rex", "--explain", "-n", "alice"]));
+    assert!(out.contains("final") && out.contains("channels"), "{out}");
+    let out = stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "alice", "sessions"]));
+    assert!(out.contains("s1\t2024-03-02\t4 turns"), "{out}");
+    let out =
+        stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "alice", "segments", "s1"]));
+    assert!(out.contains("encoded"), "{out}");
+    let records =
+        stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "alice", "records"]));
+    assert_eq!(records.lines().count(), 6, "{records}");
+    let stats: serde_json::Value = serde_json::from_str(&stdout_of(
+        memory_cmd(tmp.path(), &url).args(["stats", "--json", "-n", "alice"]),
+    ))
+    .unwrap();
+    assert_eq!(stats["records"], 6);
+    let export = tmp.path().join("alice.jsonl");
+    stdout_of(memory_cmd(tmp.path(), &url).args([
+        "export",
+        export.to_str().unwrap(),
+        "-n",
+        "alice",
+    ]));
+    let out = stdout_of(memory_cmd(tmp.path(), &url).args([
+        "import",
+        export.to_str().unwrap(),
+        "-n",
+        "alice-copy",
+    ]));
+    assert!(out.contains("\"records\": 6"), "{out}");
+    let out = stdout_of(memory_cmd(tmp.path(), &url).args(["rederive", "-n", "alice"]));
+    assert!(out.contains("0 added, 0 removed"), "{out}");
+    let id = records.split('\t').next().unwrap();
+    let out = stdout_of(memory_cmd(tmp.path(), &url).args(["delete", "-n", "alice", "record", id]));
+    assert!(out.contains("\"records\": 1"), "{out}");
+    let stderr =
+        stderr_of(memory_cmd(tmp.path(), &url).args(["delete", "-n", "alice", "namespace"]));
+    assert!(stderr.contains("--yes"), "{stderr}");
+    stdout_of(memory_cmd(tmp.path(), &url).args(["delete", "-n", "alice", "namespace", "--yes"]));
+}
+
+#[test]
+fn memory_command_mistakes_are_one_clear_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = lycheemem_testkit::fake_openai_server(lycheemem_testkit::pipeline_reply("x"));
+    // Unknown namespace.
+    let file = tmp.path().join("conv.json");
+    std::fs::write(&file, CONVERSATION).unwrap();
+    stdout_of(memory_cmd(tmp.path(), &url).args(["ingest", file.to_str().unwrap()]));
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args(["ask", "anything?", "-n", "nobody"]));
+    assert!(
+        stderr.contains("has no memory") && stderr.contains("hint:"),
+        "{stderr}"
+    );
+    // Malformed input files.
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, "{\"sessions\": [").unwrap();
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args([
+        "ingest",
+        bad.to_str().unwrap(),
+        "--format",
+        "lycheemem",
+    ]));
+    assert!(stderr.contains("not valid JSON"), "{stderr}");
+    std::fs::write(&bad, [0xff, 0xfe, b'{']).unwrap();
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args(["ingest", bad.to_str().unwrap()]));
+    assert!(stderr.contains("not valid UTF-8"), "{stderr}");
+    // Bad config.
+    let cfg = tmp.path().join("bad.toml");
+    std::fs::write(&cfg, "[segment]\ncut_treshold = 0.6\n").unwrap();
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args([
+        "ask",
+        "q?",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]));
+    assert!(
+        stderr.contains("invalid configuration") || stderr.contains("cut_treshold"),
+        "{stderr}"
+    );
+    // Missing model.
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args([
+        "ask",
+        "q?",
+        "--embedder",
+        "no-such-embedder",
+    ]));
+    assert!(stderr.contains("no-such-embedder"), "{stderr}");
+    // No store at all.
+    let stderr = stderr_of(memory_cmd(&tmp.path().join("elsewhere"), &url).args(["stats"]));
+    assert!(stderr.contains("no store"), "{stderr}");
+}

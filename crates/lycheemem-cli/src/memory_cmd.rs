@@ -1,0 +1,523 @@
+//! The memory subcommands: `ingest`, `ask`, `search`, `inspect`, `delete`, `export`, `import`,
+//! `stats`, `rederive`. Each parses its arguments, opens the memory and calls the facade.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use lycheemem::{Memory, NewTurn, QueryOptions, SearchResult};
+use lycheemem_core::{Namespace, SessionId};
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::conversation_formats::{self, Format};
+use crate::settings::MemoryArgs;
+
+#[derive(Args)]
+pub struct IngestArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    /// Conversation file (see `--format`).
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: Format,
+    /// Session id for `chat` files (default: the file name).
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Session date for `chat` files.
+    #[arg(long)]
+    pub date: Option<String>,
+    /// Ingest at most this many conversations (LoCoMo / LongMemEval files).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Leave sessions open (no flush at the end of each session).
+    #[arg(long)]
+    pub no_flush: bool,
+}
+
+#[derive(Args)]
+pub struct AskArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    pub question: String,
+    /// Evidence items (at least `retrieval.min_top_k`).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// The question's date (relative dates resolve against it).
+    #[arg(long)]
+    pub date: Option<String>,
+    /// Print the evidence and why each item was chosen.
+    #[arg(long)]
+    pub explain: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum InspectWhat {
+    /// Sessions with dates and turn counts.
+    Sessions,
+    /// Segments of a session with finalize reasons and outcomes.
+    Segments { session: String },
+    /// Records (optionally of one session).
+    Records {
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Evidence nodes (optionally of one kind: entity, topic, entity_topic, temporal, event_frame).
+    Nodes {
+        #[arg(long)]
+        kind: Option<String>,
+    },
+    /// Raw turns of a session.
+    Turns { session: String },
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    #[command(subcommand)]
+    pub what: InspectWhat,
+}
+
+#[derive(Subcommand)]
+pub enum DeleteWhat {
+    Record {
+        id: String,
+    },
+    Session {
+        id: String,
+    },
+    /// The whole namespace (needs --yes).
+    Namespace {
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Args)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    #[command(subcommand)]
+    pub what: DeleteWhat,
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    /// Output file (JSON Lines).
+    pub out: PathBuf,
+    #[arg(long)]
+    pub vectors: bool,
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    /// A file written by `lycheemem export`.
+    pub file: PathBuf,
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct RederiveArgs {
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+}
+
+fn bar(len: u64, template: &str) -> ProgressBar {
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    b
+}
+
+/// Turns are fed in small batches so the bar moves and segments finalize as they would live.
+const INGEST_BATCH: usize = 8;
+
+pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
+    let mut conversations = conversation_formats::read(
+        &args.file,
+        args.format,
+        args.session.as_deref(),
+        args.date.as_deref(),
+    )?;
+    if let Some(limit) = args.limit {
+        conversations.truncate(limit);
+    }
+    let total: u64 = conversations
+        .iter()
+        .flat_map(|c| &c.sessions)
+        .map(|s| s.turns.len() as u64)
+        .sum();
+    if total == 0 {
+        bail!("{} contains no turns", args.file.display());
+    }
+    let memory = args.memory.open(models_dir)?;
+    let base = args.memory.namespace()?;
+    let started = Instant::now();
+    let progress = bar(
+        total,
+        "{spinner} [{bar:30}] {pos}/{len} turns  {msg}  eta {eta}",
+    );
+    let (mut segments, mut records, mut failed, mut calls, mut tokens, mut exchanges) =
+        (0, 0, 0, 0, 0, 0);
+    for conv in conversations {
+        let ns = match &conv.namespace_suffix {
+            Some(s) => Namespace::new(format!("{base}.{}", sanitize(s)))?,
+            None => base.clone(),
+        };
+        for session in conv.sessions {
+            let sid = SessionId::new(session.id.clone())?;
+            let mut date = session.date.clone();
+            for chunk in session.turns.chunks(INGEST_BATCH) {
+                let r = memory
+                    .add_turns(&ns, &sid, date.take().as_deref(), chunk.to_vec())
+                    .with_context(|| format!("session {} of namespace {ns}", session.id))?;
+                progress.inc(chunk.len() as u64);
+                exchanges += r.exchanges;
+                segments += r.segments.len();
+                records += r.records;
+                failed += r.failed_segments;
+                calls += r.encode_calls;
+                tokens += r.encode_tokens;
+                progress.set_message(format!(
+                    "{exchanges} exchanges, {segments} segments encoded ({failed} failed), {records} records, {tokens} tokens"
+                ));
+            }
+            if !args.no_flush {
+                let r = memory.flush(&ns, &sid)?;
+                exchanges += r.exchanges;
+                segments += r.segments.len();
+                records += r.records;
+                failed += r.failed_segments;
+                calls += r.encode_calls;
+                tokens += r.encode_tokens;
+            }
+        }
+    }
+    progress.finish_and_clear();
+    println!(
+        "ingested {total} turns in {:.1?}: {exchanges} exchanges → {segments} segments ({failed} failed) → {records} records; {calls} encode calls, {tokens} tokens (per-exchange encoding would have made {exchanges} calls)",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+pub fn print_evidence(result: &SearchResult) {
+    for (i, e) in result.evidence.iter().enumerate() {
+        let date = e.session_date.as_deref().unwrap_or("?");
+        match e.memory_type {
+            Some(t) => {
+                let time = e
+                    .temporal
+                    .t_ref
+                    .as_deref()
+                    .map(|t| format!(", time {t}"))
+                    .unwrap_or_default();
+                println!(
+                    "  {:>2}. [{}{time}] {} (session {} {date}, turns {:?})",
+                    i + 1,
+                    t.as_str(),
+                    e.evidence.text,
+                    e.session,
+                    e.turns
+                );
+            }
+            None => {
+                let first = e.evidence.text.lines().next().unwrap_or("");
+                println!(
+                    "  {:>2}. [dialogue] {first} (session {} {date}, turns {:?})",
+                    i + 1,
+                    e.session,
+                    e.turns
+                );
+            }
+        }
+    }
+}
+
+pub fn ask(models_dir: &Path, args: AskArgs) -> Result<()> {
+    let memory = args.memory.open(models_dir)?;
+    let ns = args.memory.namespace()?;
+    let opts = QueryOptions {
+        top_k: args.top_k,
+        reference_date: args.date.clone(),
+        ..QueryOptions::default()
+    };
+    let answer = memory.answer(&ns, &args.question, &opts)?;
+    if args.json {
+        let evidence: Vec<_> = answer.evidence().iter().collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "answer": answer.text,
+                "evidence": evidence,
+                "usage": answer.usage,
+            }))?
+        );
+        return Ok(());
+    }
+    println!("{}", answer.text);
+    if args.explain {
+        println!("\n{}", answer.search.explain());
+    } else {
+        println!("\nevidence:");
+        print_evidence(&answer.search);
+    }
+    let (prompt, completion): (u64, u64) = answer.usage.iter().fold((0, 0), |(p, c), u| {
+        (p + u.prompt_tokens, c + u.completion_tokens)
+    });
+    println!(
+        "tokens: {prompt} prompt + {completion} completion over {} calls",
+        answer.usage.len()
+    );
+    Ok(())
+}
+
+pub fn search(models_dir: &Path, args: AskArgs) -> Result<()> {
+    let memory = args.memory.open(models_dir)?;
+    let ns = args.memory.namespace()?;
+    let opts = QueryOptions {
+        top_k: args.top_k,
+        reference_date: args.date.clone(),
+        ..QueryOptions::default()
+    };
+    let result = memory.search(&ns, &args.question, &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result.evidence)?);
+    } else if args.explain {
+        println!("{}", result.explain());
+    } else {
+        print_evidence(&result);
+    }
+    Ok(())
+}
+
+/// Opens only the store (no models) for read-only inspection.
+fn open_store(args: &MemoryArgs) -> Result<lycheemem_store::Store> {
+    if !args.store.join("store.redb").exists() {
+        bail!(
+            "no store at {} (ingest something first, or pass --store)",
+            args.store.display()
+        );
+    }
+    let cfg = args.config()?;
+    // Dimension 0: open with whatever dimension the store was created with.
+    let dims = 0;
+    let mut options = lycheemem_store::StoreOptions::new(dims);
+    options.index = cfg.store.clone();
+    Ok(lycheemem_store::Store::open(&args.store, options)?)
+}
+
+pub fn inspect(args: InspectArgs) -> Result<()> {
+    let store = open_store(&args.memory)?;
+    let ns = args.memory.namespace()?;
+    if store.sessions(&ns)?.is_empty() {
+        bail!(
+            "namespace {ns} has no memory in {}",
+            args.memory.store.display()
+        );
+    }
+    match args.what {
+        InspectWhat::Sessions => {
+            for s in store.sessions(&ns)? {
+                println!(
+                    "{}\t{}\t{} turns",
+                    s.id,
+                    s.date.as_deref().unwrap_or("-"),
+                    s.turn_count
+                );
+            }
+        }
+        InspectWhat::Segments { session } => {
+            for row in store.segments(&ns, &SessionId::new(session)?)? {
+                let outcome = match &row.outcome {
+                    lycheemem_store::SegmentOutcome::Encoded => "encoded".to_string(),
+                    lycheemem_store::SegmentOutcome::Failed { error } => format!("FAILED: {error}"),
+                };
+                println!(
+                    "turns {}-{}\t{:?}\t{} exchanges, {} tokens\t{} records\t{outcome}",
+                    row.segment.first_turn,
+                    row.segment.last_turn,
+                    row.segment.reason,
+                    row.segment.exchanges,
+                    row.segment.tokens,
+                    row.record_ids.len()
+                );
+            }
+        }
+        InspectWhat::Records { session } => {
+            for r in store.all_records(&ns)? {
+                if session
+                    .as_deref()
+                    .is_some_and(|s| s != r.source_session.as_str())
+                {
+                    continue;
+                }
+                println!(
+                    "{}\t{}\t{}\t{}#{:?}\t{}",
+                    r.record_id,
+                    r.memory_type.as_str(),
+                    r.temporal.t_ref.as_deref().unwrap_or("-"),
+                    r.source_session,
+                    r.evidence_turns,
+                    r.semantic_text
+                );
+            }
+        }
+        InspectWhat::Nodes { kind } => {
+            for n in store.all_nodes(&ns)? {
+                if kind.as_deref().is_some_and(|k| k != n.kind.as_str()) {
+                    continue;
+                }
+                println!("{}\t{} records\t{}", n.node_id, n.record_ids.len(), n.label);
+            }
+        }
+        InspectWhat::Turns { session } => {
+            for t in store.turns(&ns, &SessionId::new(session)?)? {
+                println!("{}\t{}\t{}", t.index, t.author(), t.text);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn delete(models_dir: &Path, args: DeleteArgs) -> Result<()> {
+    let memory: Memory = args.memory.open(models_dir)?;
+    let ns = args.memory.namespace()?;
+    let receipt = match args.what {
+        DeleteWhat::Record { id } => memory.delete_record(&ns, &id)?,
+        DeleteWhat::Session { id } => memory.delete_session(&ns, &SessionId::new(id)?)?,
+        DeleteWhat::Namespace { yes } => {
+            if !yes {
+                bail!("deleting namespace {ns} removes all of its memory; add --yes to confirm");
+            }
+            memory.delete_namespace(&ns)?
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&receipt)?);
+    Ok(())
+}
+
+pub fn export(args: ExportArgs) -> Result<()> {
+    let store = open_store(&args.memory)?;
+    let ns = args.memory.namespace()?;
+    if store.sessions(&ns)?.is_empty() {
+        bail!("namespace {ns} has no memory to export");
+    }
+    let tmp = args.out.with_extension("partial");
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
+    );
+    let lines = store.export(
+        &ns,
+        &mut file,
+        lycheemem_store::ExportOptions {
+            include_vectors: args.vectors,
+        },
+    )?;
+    file.flush()?;
+    drop(file);
+    std::fs::rename(&tmp, &args.out)?;
+    println!("wrote {lines} lines to {}", args.out.display());
+    Ok(())
+}
+
+pub fn import(models_dir: &Path, args: ImportArgs) -> Result<()> {
+    let file = std::fs::File::open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?;
+    let memory = args.memory.open(models_dir)?;
+    let ns = args.memory.namespace()?;
+    let receipt = memory.import(&ns, &mut BufReader::new(file))?;
+    println!("{}", serde_json::to_string_pretty(&receipt)?);
+    Ok(())
+}
+
+pub fn stats(args: StatsArgs) -> Result<()> {
+    let store = open_store(&args.memory)?;
+    let ns = args.memory.namespace()?;
+    if store.sessions(&ns)?.is_empty() {
+        bail!(
+            "namespace {ns} has no memory in {}",
+            args.memory.store.display()
+        );
+    }
+    let stats = store.stats(&ns)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&stats)?);
+        return Ok(());
+    }
+    println!("namespace {ns}");
+    println!(
+        "  sessions {}, turns {}, segments {} ({} failed), records {}",
+        stats.sessions, stats.turns, stats.segments, stats.failed_segments, stats.records
+    );
+    println!("  nodes {:?}", stats.nodes);
+    println!("  vectors stored {:?}", stats.vectors);
+    for (purpose, t) in &stats.usage.by_purpose {
+        println!(
+            "  {purpose:?}: {} calls, {} prompt + {} completion tokens",
+            t.calls, t.prompt_tokens, t.completion_tokens
+        );
+    }
+    Ok(())
+}
+
+pub fn rederive(models_dir: &Path, args: RederiveArgs) -> Result<()> {
+    let memory = args.memory.open(models_dir)?;
+    let ns = args.memory.namespace()?;
+    let report = memory.rederive(&ns)?;
+    println!(
+        "re-derived {} sessions: {} segments, records {} → {} ({} added, {} removed)",
+        report.sessions,
+        report.segments,
+        report.records_before,
+        report.records_after,
+        report.added.len(),
+        report.removed.len()
+    );
+    for t in &report.added {
+        println!("  + {t}");
+    }
+    for t in &report.removed {
+        println!("  - {t}");
+    }
+    Ok(())
+}
+
+/// Reads the turns of a file for the demo (same formats as ingest).
+pub fn turns_of(path: &Path) -> Result<Vec<(String, Option<String>, Vec<NewTurn>)>> {
+    Ok(conversation_formats::read(path, Format::Auto, None, None)?
+        .into_iter()
+        .flat_map(|c| c.sessions)
+        .map(|s| (s.id, s.date, s.turns))
+        .collect())
+}

@@ -1,0 +1,221 @@
+//! The read path of LycheeMemory V2 (SPEC §4–5): one planning LLM call, deterministic
+//! multi-route recall over the store, optional cross-encoder reranking, fusion across routes,
+//! diversity-aware selection, and the answer prompt.
+//!
+//! * [`planner`]: the plan prompt, schema and lenient parsing (fallback: one route with the
+//!   question).
+//! * [`route`]: query variants, channels (temporal, evidence nodes, records, raw turns, BM25),
+//!   bonuses, source windows, rerank, route-local scores.
+//! * [`fusion`]: RRF, route quotas, MMR over a pool larger than k, the raw-turn limiter; the
+//!   `no_fusion` ablation.
+//! * [`answer`]: the answer prompt and call.
+//!
+//! [`Retriever::search`] ties them together and returns [`SearchResult`]: the plan, the chosen
+//! evidence with full provenance and scores ([`SearchResult::explain`] renders why each item was
+//! chosen), and the planner's token usage.
+
+pub mod answer;
+pub mod candidate;
+pub mod fusion;
+pub mod planner;
+pub mod route;
+pub mod similarity;
+
+use lycheemem_core::config::RetrievalConfig;
+use lycheemem_core::{
+    CandidateTarget, Error, Evidence, MemoryType, Namespace, Plan, Result, TemporalScope,
+    TokenUsage,
+};
+use lycheemem_embed::{Embedder, Reranker};
+use lycheemem_llm::Llm;
+use lycheemem_store::Store;
+use serde::{Deserialize, Serialize};
+
+pub use answer::{AnswerText, answer, answer_messages};
+pub use planner::PlanOutcome;
+
+/// A chosen piece of evidence with what the answer prompt shows about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceItem {
+    pub evidence: Evidence,
+    pub session: String,
+    pub session_date: Option<String>,
+    /// `None` for raw dialogue snippets.
+    pub memory_type: Option<MemoryType>,
+    pub temporal: TemporalScope,
+    pub entities: Vec<String>,
+    /// Turn indices (records: evidence turns; snippets: the turns shown).
+    pub turns: Vec<u32>,
+}
+
+/// What retrieval returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchResult {
+    pub plan: Plan,
+    /// Why the fallback plan was used (planner disabled, failed, or unparseable).
+    pub plan_fallback: Option<String>,
+    pub evidence: Vec<EvidenceItem>,
+    /// The planner call's usage (empty with `no_planner`).
+    pub usage: Vec<TokenUsage>,
+    /// The final k.
+    pub k: usize,
+}
+
+impl SearchResult {
+    /// A human-readable account of the plan and of why each item was chosen.
+    pub fn explain(&self) -> String {
+        let mut out = format!(
+            "plan: type {}, {} route(s){}\n",
+            self.plan.question_type.as_str(),
+            self.plan.routes.len(),
+            self.plan_fallback
+                .as_ref()
+                .map(|f| format!(" (fallback: {f})"))
+                .unwrap_or_default()
+        );
+        for r in &self.plan.routes {
+            out.push_str(&format!(
+                "  route {}: goal {:?}; queries {:?}; since {:?} until {:?}\n",
+                r.route_id, r.goal, r.queries, r.temporal_filter.since, r.temporal_filter.until
+            ));
+        }
+        for (i, e) in self.evidence.iter().enumerate() {
+            let ev = &e.evidence;
+            let what = match (&ev.target, e.memory_type) {
+                (CandidateTarget::Record { record_id }, Some(t)) => {
+                    format!("{} {record_id}", t.as_str())
+                }
+                (CandidateTarget::Turns { first, last_index }, _) => {
+                    format!("turns {}#{}-{}", first.session, first.index, last_index)
+                }
+                (CandidateTarget::Record { record_id }, None) => record_id.clone(),
+            };
+            let channels: Vec<String> = ev
+                .provenance
+                .channels
+                .iter()
+                .map(|c| format!("{c:?}").to_lowercase())
+                .collect();
+            out.push_str(&format!(
+                "{:>2}. {what}\n    final {:.3} = best route {:.3} + rrf {:.4}; mmr {:.3}; channels {}; routes {}; variants {:?}; nodes {}\n    {}\n",
+                i + 1,
+                ev.final_score,
+                ev.best_route_score,
+                ev.rrf,
+                ev.mmr_score,
+                channels.join(","),
+                ev.provenance.routes.iter().cloned().collect::<Vec<_>>().join(","),
+                ev.provenance.variants,
+                ev.provenance.nodes.iter().take(4).cloned().collect::<Vec<_>>().join(","),
+                ev.text.lines().next().unwrap_or("").chars().take(160).collect::<String>()
+            ));
+        }
+        out
+    }
+}
+
+/// A retrieval request.
+#[derive(Debug, Clone, Default)]
+pub struct SearchRequest<'a> {
+    pub question: &'a str,
+    /// Recent dialogue shown to the planner (its tail, up to the configured budget).
+    pub context: &'a str,
+    /// The question's reference time (ISO), used to resolve relative dates.
+    pub reference_date: Option<&'a str>,
+    /// Requested k; the effective k is `max(top_k, min_top_k)`.
+    pub top_k: usize,
+}
+
+/// The components retrieval runs on; backends are chosen by the caller's config.
+pub struct Retriever<'a> {
+    pub store: &'a Store,
+    pub embedder: &'a dyn Embedder,
+    pub reranker: Option<&'a dyn Reranker>,
+    /// The planning LLM; `None` (or `cfg.planner == false`) uses the single-route plan.
+    pub planner: Option<&'a dyn Llm>,
+    pub cfg: &'a RetrievalConfig,
+}
+
+impl Retriever<'_> {
+    /// Plans, recalls, fuses and selects the evidence for a question.
+    pub fn search(&self, ns: &Namespace, req: &SearchRequest<'_>) -> Result<SearchResult> {
+        let question = req.question.trim();
+        if question.is_empty() {
+            return Err(Error::InvalidInput("the question is empty".into()));
+        }
+        let cfg = self.cfg;
+        let k = req.top_k.max(cfg.min_top_k).max(1);
+        let outcome = match self.planner {
+            Some(llm) if cfg.planner => {
+                planner::plan(llm, question, req.context, req.reference_date, cfg)
+            }
+            _ => PlanOutcome {
+                plan: Plan::single_route(question),
+                fallback: Some("planner disabled".into()),
+                usage: None,
+            },
+        };
+        let plan = outcome.plan;
+        let ctx = route::RouteContext {
+            store: self.store,
+            ns,
+            reranker: self.reranker,
+            cfg,
+            question,
+            question_type: plan.question_type,
+            k,
+        };
+        let mut lists: Vec<(String, Vec<candidate::Scored>)> = Vec::new();
+        for r in &plan.routes {
+            let texts = route::variants(question, r, cfg.max_variants);
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let vectors = self.embedder.embed(&refs)?;
+            let list = route::run_route(&ctx, r, &texts, &vectors)?;
+            lists.push((r.route_id.clone(), list));
+        }
+        let route_ids: Vec<String> = plan.routes.iter().map(|r| r.route_id.clone()).collect();
+        let selected = if cfg.fusion {
+            fusion::select(
+                fusion::fuse(&lists, k, cfg),
+                &route_ids,
+                k,
+                plan.question_type,
+                cfg,
+            )
+        } else {
+            fusion::raw_field_top_k(&lists, k)
+        };
+        let evidence = selected
+            .into_iter()
+            .map(|s| {
+                let c = s.fused.candidate;
+                let mut provenance = c.provenance.clone();
+                provenance.routes.extend(s.fused.routes.iter().cloned());
+                EvidenceItem {
+                    evidence: Evidence {
+                        target: c.target.clone(),
+                        text: c.info.text.clone(),
+                        best_route_score: s.fused.best,
+                        rrf: s.fused.rrf,
+                        final_score: s.fused.final_score,
+                        mmr_score: s.mmr_score,
+                        provenance,
+                    },
+                    session: c.info.session,
+                    session_date: c.info.session_date,
+                    memory_type: c.info.memory_type,
+                    temporal: c.info.temporal,
+                    entities: c.info.entities,
+                    turns: c.info.turns,
+                }
+            })
+            .collect();
+        Ok(SearchResult {
+            plan,
+            plan_fallback: outcome.fallback,
+            evidence,
+            usage: outcome.usage.into_iter().collect(),
+            k,
+        })
+    }
+}

@@ -1,0 +1,667 @@
+//! Executing one route (SPEC §4): query variants, the channels, scoring and the route-local
+//! final score.
+//!
+//! Channels and their field scores (a candidate hit several times keeps its maximum):
+//! * temporal — temporal nodes overlapping the route's [since, until] → their records; field =
+//!   .42 for `day:` nodes, .28 for `month:` nodes;
+//! * evidence nodes — ANN per variant over entity / topic / entity_topic / event_frame nodes,
+//!   expanded to their records; field = node weight + `record_scale·r` where r is the record's
+//!   own similarity to the variant (the SPEC gives the node weights but not how they combine
+//!   with similarity; we use them as the base in place of the record channel's 0.30);
+//! * records — ANN per variant over record vectors; field = `0.30 + 0.30·r`;
+//! * raw turns — ANN per variant over turn vectors; field = `(0.34 + 0.42·r)·raw_mult + role
+//!   bonus`;
+//! * lexical (lycheemem's addition, switchable) — BM25 per variant over records and turns;
+//!   field = `0.30 + 0.30·bm25/max_bm25` (turns: times `raw_mult`).
+//!
+//! Then type bonuses, the temporal boost (a boost, never a filter), source windows around the
+//! best anchors (a window absorbs raw-turn hits inside it; off with the raw-turn channel), the optional cross-encoder rerank
+//! of the top of the pool, and `route_score = (rerank or field) + 0.03·r + min(0.03,
+//! 0.01·#matched variants)`.
+
+use lycheemem_core::config::{RetrievalConfig, TypeProfile};
+use lycheemem_core::date::parse_date;
+use lycheemem_core::vector::cosine;
+use lycheemem_core::{
+    CandidateTarget, Channel, MemoryType, Namespace, NodeKind, QuestionType, Result, Role, Route,
+    SessionId, SourceRole, TemporalFilter, TurnRef,
+};
+use lycheemem_embed::Reranker;
+use lycheemem_store::{ItemRef, Store, Target, VectorQuery};
+use std::collections::{BTreeMap, HashMap};
+
+use crate::candidate::{Scored, r_of};
+
+/// Everything a route needs besides the route itself.
+pub struct RouteContext<'a> {
+    pub store: &'a Store,
+    pub ns: &'a Namespace,
+    pub reranker: Option<&'a dyn Reranker>,
+    pub cfg: &'a RetrievalConfig,
+    pub question: &'a str,
+    pub question_type: QuestionType,
+    pub k: usize,
+}
+
+/// Query variants: dedup([question, goal, route queries])[:max_variants].
+pub fn variants(question: &str, route: &Route, max: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for q in std::iter::once(question)
+        .chain(std::iter::once(route.goal.as_str()))
+        .chain(route.queries.iter().map(String::as_str))
+    {
+        let q = q.trim();
+        if !q.is_empty() && !out.iter().any(|o| o.eq_ignore_ascii_case(q)) && out.len() < max {
+            out.push(q.to_string());
+        }
+    }
+    out
+}
+
+struct Pool {
+    items: HashMap<CandidateTarget, Scored>,
+}
+
+impl Pool {
+    fn hit(
+        &mut self,
+        target: CandidateTarget,
+        field: f32,
+        channel: Channel,
+        variant: Option<usize>,
+        node: Option<&str>,
+        route_id: &str,
+    ) {
+        let c = self
+            .items
+            .entry(target.clone())
+            .or_insert_with(|| Scored::new(target));
+        c.field = c.field.max(field);
+        c.provenance.channels.insert(channel);
+        c.provenance.routes.insert(route_id.to_string());
+        if let Some(v) = variant {
+            c.provenance.variants.insert(v);
+        }
+        if let Some(n) = node {
+            c.provenance.nodes.insert(n.to_string());
+        }
+    }
+}
+
+fn record_target(id: &str) -> CandidateTarget {
+    CandidateTarget::Record {
+        record_id: id.to_string(),
+    }
+}
+
+fn turn_target(t: &TurnRef) -> CandidateTarget {
+    CandidateTarget::Turns {
+        first: t.clone(),
+        last_index: t.index,
+    }
+}
+
+fn node_weight(kind: NodeKind, cfg: &RetrievalConfig) -> f64 {
+    match kind {
+        NodeKind::Entity => cfg.node_weight_entity,
+        NodeKind::Topic => cfg.node_weight_topic,
+        NodeKind::EntityTopic => cfg.node_weight_entity_topic,
+        NodeKind::EventFrame => cfg.node_weight_event_frame,
+        NodeKind::Temporal => cfg.node_weight_temporal,
+    }
+}
+
+fn role_bonus(role: Role, profile: &TypeProfile) -> f64 {
+    match role {
+        Role::Assistant => profile.assistant_bonus,
+        Role::User => profile.user_bonus,
+        Role::System => 0.0,
+    }
+}
+
+/// `[first, last]` calendar bounds of an ISO date string (day or month).
+fn date_span(s: &str) -> Option<(String, String)> {
+    let d = parse_date(s)?.date;
+    Some((d.first_day().to_string(), d.last_day().to_string()))
+}
+
+/// Whether `[a, b]` overlaps the filter (open bounds match everything).
+fn overlaps(a: &str, b: &str, f: &TemporalFilter) -> bool {
+    f.since.as_deref().is_none_or(|s| b >= s) && f.until.as_deref().is_none_or(|u| a <= u)
+}
+
+/// Runs one route and returns its candidates sorted by route score, best first.
+pub fn run_route(
+    ctx: &RouteContext<'_>,
+    route: &Route,
+    variant_texts: &[String],
+    variant_vectors: &[Vec<f32>],
+) -> Result<Vec<Scored>> {
+    let cfg = ctx.cfg;
+    let profile = cfg.types.get(ctx.question_type);
+    let k = ctx.k;
+    let node_n = ((3 * k).max(cfg.recall_floor) as f64 * profile.m_node).ceil() as usize;
+    let rec_n =
+        ((cfg.recall_factor * k).max(cfg.recall_floor) as f64 * profile.m_rec).ceil() as usize;
+    let turn_n = (k.max(cfg.turn_recall_floor) as f64 * profile.m_turn).ceil() as usize;
+    let temporal_n = (cfg.temporal_factor * k).max(cfg.temporal_floor);
+    let mut pool = Pool {
+        items: HashMap::new(),
+    };
+    let rid = route.route_id.as_str();
+    let filter = &route.temporal_filter;
+
+    // 1. Temporal nodes → records.
+    if cfg.channel_temporal && !filter.is_open() {
+        let since = filter.since.clone().unwrap_or_else(|| "0001-01-01".into());
+        let until = filter.until.clone().unwrap_or_else(|| "9999-12-31".into());
+        let nodes = ctx.store.temporal_nodes(ctx.ns, &since, &until)?;
+        let mut linked = 0usize;
+        for n in nodes {
+            let score = if n.key.starts_with("day:") {
+                cfg.temporal_day_score
+            } else {
+                cfg.temporal_month_score
+            } as f32;
+            for record_id in &n.record_ids {
+                if linked >= temporal_n {
+                    break;
+                }
+                linked += 1;
+                pool.hit(
+                    record_target(record_id),
+                    score,
+                    Channel::Temporal,
+                    None,
+                    Some(&n.node_id),
+                    rid,
+                );
+            }
+        }
+    }
+
+    // 2. Evidence nodes → records (scored after we know the records' own similarity).
+    let mut node_hits: Vec<(String, NodeKind, usize)> = Vec::new();
+    if cfg.channel_nodes {
+        for kind in [
+            NodeKind::Entity,
+            NodeKind::Topic,
+            NodeKind::EntityTopic,
+            NodeKind::EventFrame,
+        ] {
+            for (vi, v) in variant_vectors.iter().enumerate() {
+                let q = VectorQuery::new(Target::Node(kind), v.clone(), node_n);
+                for h in ctx.store.vector_search(ctx.ns, &q)? {
+                    if let ItemRef::Node(id) = h.item {
+                        node_hits.push((id, kind, vi));
+                    }
+                }
+            }
+        }
+    }
+
+    // 3. Records.
+    if cfg.channel_records {
+        for (vi, v) in variant_vectors.iter().enumerate() {
+            let q = VectorQuery::new(Target::Record, v.clone(), rec_n);
+            for h in ctx.store.vector_search(ctx.ns, &q)? {
+                if let ItemRef::Record(id) = &h.item {
+                    let field = cfg.record_base + cfg.record_scale * f64::from(r_of(h.score));
+                    pool.hit(
+                        record_target(id),
+                        field as f32,
+                        Channel::Record,
+                        Some(vi),
+                        None,
+                        rid,
+                    );
+                }
+            }
+        }
+    }
+
+    // 4. Raw turns (role bonus added once the turn is resolved).
+    if cfg.channel_turns {
+        for (vi, v) in variant_vectors.iter().enumerate() {
+            let q = VectorQuery::new(Target::Turn, v.clone(), turn_n);
+            for h in ctx.store.vector_search(ctx.ns, &q)? {
+                if let ItemRef::Turn(t) = &h.item {
+                    let field = (cfg.turn_base + cfg.turn_scale * f64::from(r_of(h.score)))
+                        * profile.raw_mult;
+                    pool.hit(
+                        turn_target(t),
+                        field as f32,
+                        Channel::RawTurn,
+                        Some(vi),
+                        None,
+                        rid,
+                    );
+                }
+            }
+        }
+    }
+
+    // 5. Lexical BM25 over records and turns.
+    if cfg.channel_lexical {
+        for (vi, text) in variant_texts.iter().enumerate() {
+            for (target, n, mult) in [
+                (Target::Record, rec_n, 1.0),
+                (Target::Turn, turn_n, profile.raw_mult),
+            ] {
+                let hits = ctx.store.text_search(ctx.ns, target, text, n, None)?;
+                let max = hits
+                    .iter()
+                    .map(|h| h.score)
+                    .fold(0.0f32, f32::max)
+                    .max(f32::MIN_POSITIVE);
+                for h in hits {
+                    let field =
+                        (cfg.lexical_base + cfg.lexical_scale * f64::from(h.score / max)) * mult;
+                    let t = match &h.item {
+                        ItemRef::Record(id) => record_target(id),
+                        ItemRef::Turn(t) => turn_target(t),
+                        ItemRef::Node(_) => continue,
+                    };
+                    pool.hit(t, field as f32, Channel::Lexical, Some(vi), None, rid);
+                }
+            }
+        }
+    }
+
+    // Resolve node hits into records with their own similarity.
+    if !node_hits.is_empty() {
+        let mut ids: Vec<String> = node_hits.iter().map(|(id, _, _)| id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        let nodes: HashMap<String, lycheemem_core::EvidenceNode> = ctx
+            .store
+            .nodes(ctx.ns, &ids)?
+            .into_iter()
+            .map(|n| (n.node_id.clone(), n))
+            .collect();
+        let mut record_ids: Vec<String> = nodes
+            .values()
+            .flat_map(|n| n.record_ids.iter().cloned())
+            .collect();
+        record_ids.sort();
+        record_ids.dedup();
+        let items: Vec<ItemRef> = record_ids.iter().cloned().map(ItemRef::Record).collect();
+        let vectors: HashMap<String, Vec<f32>> = record_ids
+            .iter()
+            .cloned()
+            .zip(ctx.store.vectors(ctx.ns, &items)?)
+            .filter_map(|(id, v)| v.map(|v| (id, v)))
+            .collect();
+        for (node_id, kind, vi) in &node_hits {
+            let Some(node) = nodes.get(node_id) else {
+                continue;
+            };
+            // Expand to the node's records most similar to this variant (bounded).
+            let mut scored: Vec<(f32, &String)> = node
+                .record_ids
+                .iter()
+                .map(|id| {
+                    (
+                        vectors
+                            .get(id)
+                            .map_or(0.0, |v| r_of(cosine(v, &variant_vectors[*vi]))),
+                        id,
+                    )
+                })
+                .collect();
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+            for (r, id) in scored.into_iter().take(rec_n) {
+                let field = node_weight(*kind, cfg) + cfg.record_scale * f64::from(r);
+                pool.hit(
+                    record_target(id),
+                    field as f32,
+                    Channel::EvidenceNode,
+                    Some(*vi),
+                    Some(node_id),
+                    rid,
+                );
+            }
+        }
+    }
+
+    let mut candidates: Vec<Scored> = pool.items.into_values().collect();
+    resolve(ctx, &mut candidates, variant_vectors, profile)?;
+    apply_bonuses(ctx, &mut candidates, filter);
+    let mut candidates = add_windows(ctx, candidates, variant_vectors, profile, rid)?;
+    if cfg.rerank
+        && let Some(reranker) = ctx.reranker
+    {
+        rerank(ctx, reranker, route, &mut candidates)?;
+    }
+    for c in &mut candidates {
+        let base = c.rerank.unwrap_or(c.field);
+        let variants_bonus = (cfg.route_variant_step * c.provenance.variants.len() as f64)
+            .min(cfg.route_variant_cap);
+        c.route_score = base + (cfg.route_r_weight as f32) * c.r + variants_bonus as f32;
+    }
+    candidates.sort_by(|a, b| {
+        b.route_score
+            .total_cmp(&a.route_score)
+            .then(a.target.cmp(&b.target))
+    });
+    Ok(candidates)
+}
+
+/// Fills in each candidate's item info and its best similarity `r` over the variants; drops
+/// candidates whose item no longer exists.
+fn resolve(
+    ctx: &RouteContext<'_>,
+    candidates: &mut Vec<Scored>,
+    variant_vectors: &[Vec<f32>],
+    profile: &TypeProfile,
+) -> Result<()> {
+    let mut session_dates: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut session_date = |s: &SessionId| -> Result<Option<String>> {
+        if let Some(d) = session_dates.get(s.as_str()) {
+            return Ok(d.clone());
+        }
+        let d = ctx
+            .store
+            .session(ctx.ns, s)?
+            .and_then(|i| i.date)
+            .and_then(|d| lycheemem_core::date::normalize_date(&d).or(Some(d)));
+        session_dates.insert(s.to_string(), d.clone());
+        Ok(d)
+    };
+    let record_ids: Vec<String> = candidates
+        .iter()
+        .filter_map(|c| match &c.target {
+            CandidateTarget::Record { record_id } => Some(record_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let records: HashMap<String, lycheemem_core::Record> = ctx
+        .store
+        .records(ctx.ns, &record_ids)?
+        .into_iter()
+        .map(|r| (r.record_id.clone(), r))
+        .collect();
+    let mut items: Vec<ItemRef> = Vec::with_capacity(candidates.len());
+    let mut keep = Vec::with_capacity(candidates.len());
+    for c in candidates.iter_mut() {
+        match &c.target {
+            CandidateTarget::Record { record_id } => {
+                let Some(r) = records.get(record_id) else {
+                    keep.push(false);
+                    continue;
+                };
+                c.info.session = r.source_session.to_string();
+                c.info.session_date = session_date(&r.source_session)?;
+                c.info.text = r.semantic_text.clone();
+                c.info.memory_type = Some(r.memory_type);
+                c.info.role = Some(r.source_role);
+                c.info.entities = r.entities.clone();
+                c.info.turns = r.evidence_turns.clone();
+                c.info.temporal = r.temporal.clone();
+                items.push(ItemRef::Record(record_id.clone()));
+                keep.push(true);
+            }
+            CandidateTarget::Turns { first, .. } => {
+                let turns =
+                    ctx.store
+                        .turn_range(ctx.ns, &first.session, first.index, first.index)?;
+                let Some(t) = turns.first() else {
+                    keep.push(false);
+                    continue;
+                };
+                c.info.session = t.session.to_string();
+                c.info.session_date = session_date(&t.session)?;
+                c.info.text = format!("{}: {}", t.author(), t.text);
+                c.info.role = Some(match t.role {
+                    Role::Assistant => SourceRole::Assistant,
+                    _ => SourceRole::User,
+                });
+                c.info.turns = vec![t.index];
+                c.field += role_bonus(t.role, profile) as f32;
+                items.push(ItemRef::Turn(first.clone()));
+                keep.push(true);
+            }
+        }
+    }
+    let mut flags = keep.into_iter();
+    candidates.retain(|_| flags.next().unwrap_or(false));
+    let vectors = ctx.store.vectors(ctx.ns, &items)?;
+    for (c, v) in candidates.iter_mut().zip(vectors) {
+        if let Some(v) = v {
+            c.r = variant_vectors
+                .iter()
+                .map(|q| r_of(cosine(&v, q)))
+                .fold(0.0f32, f32::max);
+        }
+    }
+    Ok(())
+}
+
+/// Type bonuses and the temporal boost.
+fn apply_bonuses(ctx: &RouteContext<'_>, candidates: &mut [Scored], filter: &TemporalFilter) {
+    let cfg = ctx.cfg;
+    for c in candidates {
+        let mut bonus = 0.0f64;
+        if let Some(t) = c.info.memory_type {
+            bonus += match ctx.question_type {
+                QuestionType::PriorAssistantResponse
+                    if matches!(c.info.role, Some(SourceRole::Assistant | SourceRole::Both)) =>
+                {
+                    cfg.bonus_prior_assistant
+                }
+                QuestionType::PersonalizedAdvice
+                    if matches!(
+                        t,
+                        MemoryType::Preference
+                            | MemoryType::Constraint
+                            | MemoryType::Event
+                            | MemoryType::FailurePattern
+                    ) =>
+                {
+                    cfg.bonus_personalized
+                }
+                QuestionType::Temporal if !c.info.temporal.is_empty() => cfg.bonus_temporal_fields,
+                QuestionType::Aggregate | QuestionType::Comparison if t == MemoryType::Event => {
+                    cfg.bonus_aggregate_event
+                }
+                _ => 0.0,
+            };
+        }
+        if !filter.is_open() {
+            let record_overlap = c
+                .info
+                .temporal
+                .fields()
+                .filter_map(date_span)
+                .any(|(a, b)| overlaps(&a, &b, filter));
+            let session_overlap = c
+                .info
+                .session_date
+                .as_deref()
+                .and_then(date_span)
+                .is_some_and(|(a, b)| overlaps(&a, &b, filter));
+            if record_overlap {
+                bonus += cfg.temporal_boost_record;
+            } else if session_overlap {
+                bonus += cfg.temporal_boost_session;
+            }
+        }
+        c.field += bonus as f32;
+    }
+}
+
+/// Source windows: the best `window_anchors` records' evidence turns ± window become window
+/// candidates (merged when they touch); raw-turn hits inside a window are folded into it.
+fn add_windows(
+    ctx: &RouteContext<'_>,
+    candidates: Vec<Scored>,
+    variant_vectors: &[Vec<f32>],
+    profile: &TypeProfile,
+    route_id: &str,
+) -> Result<Vec<Scored>> {
+    let cfg = ctx.cfg;
+    // Windows bring raw dialogue, like the raw-turn channel: both go when it is off
+    // (`record_vector_only`).
+    if !cfg.channel_turns || profile.window == 0 || cfg.window_anchors == 0 {
+        return Ok(candidates);
+    }
+    let mut anchors: Vec<&Scored> = candidates
+        .iter()
+        .filter(|c| !c.is_raw() && !c.info.turns.is_empty())
+        .collect();
+    anchors.sort_by(|a, b| b.field.total_cmp(&a.field));
+    anchors.truncate(cfg.window_anchors);
+    // Intervals per session, then merged.
+    let mut spans: BTreeMap<String, Vec<(u32, u32, Vec<usize>)>> = BTreeMap::new();
+    for (ai, a) in anchors.iter().enumerate() {
+        for t in &a.info.turns {
+            spans.entry(a.info.session.clone()).or_default().push((
+                t.saturating_sub(profile.window),
+                t.saturating_add(profile.window),
+                vec![ai],
+            ));
+        }
+    }
+    let mut windows: Vec<Scored> = Vec::new();
+    for (session, mut list) in spans {
+        list.sort();
+        let mut merged: Vec<(u32, u32, Vec<usize>)> = Vec::new();
+        for (a, b, who) in list {
+            match merged.last_mut() {
+                Some(last) if a <= last.1.saturating_add(1) => {
+                    last.1 = last.1.max(b);
+                    last.2.extend(who);
+                }
+                _ => merged.push((a, b, who)),
+            }
+        }
+        let session_id = SessionId::new(session.clone())?;
+        for (a, b, who) in merged {
+            let turns = ctx.store.turn_range(ctx.ns, &session_id, a, b)?;
+            let (Some(first), Some(last)) = (turns.first(), turns.last()) else {
+                continue;
+            };
+            let refs: Vec<ItemRef> = turns.iter().map(|t| ItemRef::Turn(t.turn_ref())).collect();
+            let r = ctx
+                .store
+                .vectors(ctx.ns, &refs)?
+                .into_iter()
+                .flatten()
+                .flat_map(|v| variant_vectors.iter().map(move |q| r_of(cosine(&v, q))))
+                .fold(0.0f32, f32::max);
+            let mut w = Scored::new(CandidateTarget::Turns {
+                first: first.turn_ref(),
+                last_index: last.index,
+            });
+            w.field = ((cfg.turn_base + cfg.turn_scale * f64::from(r)) * profile.raw_mult) as f32;
+            w.r = r;
+            w.info.session = session.clone();
+            w.info.session_date = anchors[who[0]].info.session_date.clone();
+            w.info.text = turns
+                .iter()
+                .map(|t| format!("{}: {}", t.author(), t.text))
+                .collect::<Vec<_>>()
+                .join("\n");
+            w.info.turns = turns.iter().map(|t| t.index).collect();
+            w.provenance.channels.insert(Channel::SourceWindow);
+            w.provenance.routes.insert(route_id.to_string());
+            for ai in who {
+                w.provenance
+                    .variants
+                    .extend(anchors[ai].provenance.variants.iter().copied());
+                w.provenance
+                    .nodes
+                    .extend(anchors[ai].provenance.nodes.iter().cloned());
+                w.info
+                    .entities
+                    .extend(anchors[ai].info.entities.iter().cloned());
+            }
+            windows.push(w);
+        }
+    }
+    // Fold raw-turn hits inside a window into it.
+    let mut out: Vec<Scored> = Vec::with_capacity(candidates.len() + windows.len());
+    for c in candidates {
+        if let CandidateTarget::Turns { first, last_index } = &c.target
+            && let Some(w) = windows.iter_mut().find(|w| match &w.target {
+                CandidateTarget::Turns {
+                    first: wf,
+                    last_index: wl,
+                } => wf.session == first.session && wf.index <= first.index && *last_index <= *wl,
+                _ => false,
+            })
+        {
+            w.absorb(&c);
+            continue;
+        }
+        out.push(c);
+    }
+    out.extend(windows);
+    Ok(out)
+}
+
+/// Cross-encoder rerank of the top of the pool; the score (a logit) passes through a sigmoid.
+fn rerank(
+    ctx: &RouteContext<'_>,
+    reranker: &dyn Reranker,
+    route: &Route,
+    candidates: &mut [Scored],
+) -> Result<()> {
+    let n = ctx.cfg.rerank_floor.max(ctx.cfg.rerank_factor * ctx.k);
+    candidates.sort_by(|a, b| b.field.total_cmp(&a.field));
+    let len = n.min(candidates.len());
+    let top = &mut candidates[..len];
+    if top.is_empty() {
+        return Ok(());
+    }
+    let mut query = format!("{} {}", ctx.question, route.goal);
+    for c in &route.constraints {
+        query.push_str(&format!(" {}: {}", c.kind, c.value));
+    }
+    let passages: Vec<&str> = top.iter().map(|c| c.info.text.as_str()).collect();
+    let scores = reranker.score(&query, &passages)?;
+    for (c, s) in top.iter_mut().zip(scores) {
+        c.rerank = Some(1.0 / (1.0 + (-s).exp()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lycheemem_core::Route;
+
+    #[test]
+    fn variants_dedupe_and_cap() {
+        let route = Route {
+            route_id: "r".into(),
+            goal: "Where does Caroline live?".into(),
+            queries: vec![
+                "caroline home".into(),
+                "WHERE does caroline live?".into(),
+                "city".into(),
+            ],
+            constraints: Vec::new(),
+            temporal_filter: TemporalFilter::default(),
+        };
+        let v = variants("Where does Caroline live?", &route, 8);
+        assert_eq!(
+            v,
+            vec!["Where does Caroline live?", "caroline home", "city"]
+        );
+        assert_eq!(variants("q", &route, 2).len(), 2);
+    }
+
+    #[test]
+    fn temporal_overlap_with_open_bounds() {
+        let f = TemporalFilter {
+            since: Some("2023-05-01".into()),
+            until: None,
+        };
+        assert!(overlaps("2023-05-07", "2023-05-07", &f));
+        assert!(!overlaps("2023-04-01", "2023-04-30", &f));
+        let (a, b) = date_span("2023-04").unwrap();
+        assert_eq!((a.as_str(), b.as_str()), ("2023-04-01", "2023-04-30"));
+        assert!(overlaps(&a, &b, &TemporalFilter::default()));
+    }
+}

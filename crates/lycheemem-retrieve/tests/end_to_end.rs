@@ -1,0 +1,326 @@
+//! Retrieval end to end on a small two-speaker, multi-session conversation: scripted LLM for
+//! encoding, planning and answering; real MiniLM embeddings; a real store.
+
+use lycheemem_core::config::{AnswerConfig, EncodeConfig, OrganizeConfig, RetrievalConfig};
+use lycheemem_core::{
+    CandidateTarget, Channel, FinalizeReason, Namespace, Role, Segment, SessionId, Turn,
+};
+use lycheemem_embed::Embedder;
+use lycheemem_encode::{SegmentEncoder, build_segment_write};
+use lycheemem_retrieve::{Retriever, SearchRequest, SearchResult, answer};
+use lycheemem_store::{SessionInfo, Store, StoreOptions};
+use lycheemem_testkit::{ScriptedLlm, minilm};
+use std::sync::{Arc, OnceLock};
+
+const S1_RECORDS: &str = r#"{"records": [
+ {"memory_type": "event", "semantic_text": "Caroline went to a pottery class on 2023-05-07.", "entities": ["Caroline"], "tags": ["pottery", "hobby"], "temporal": {"t_ref": "yesterday", "t_valid_from": null, "t_valid_to": null}, "evidence_turns": [0], "source_role": "user"},
+ {"memory_type": "event", "semantic_text": "Melanie ran a charity race.", "entities": ["Melanie"], "tags": ["running", "charity"], "temporal": {"t_ref": null, "t_valid_from": null, "t_valid_to": null}, "evidence_turns": [1], "source_role": "user"}
+], "disambiguation_context": "Caroline and Melanie are friends."}"#;
+
+const S2_RECORDS: &str = r#"{"records": [
+ {"memory_type": "fact", "semantic_text": "Caroline painted a portrait of her grandmother.", "entities": ["Caroline"], "tags": ["painting", "art"], "temporal": {"t_ref": null, "t_valid_from": null, "t_valid_to": null}, "evidence_turns": [0], "source_role": "user"},
+ {"memory_type": "fact", "semantic_text": "Melanie painted a sunrise over the lake.", "entities": ["Melanie"], "tags": ["painting", "art"], "temporal": {"t_ref": null, "t_valid_from": null, "t_valid_to": null}, "evidence_turns": [1], "source_role": "user"},
+ {"memory_type": "preference", "semantic_text": "Melanie prefers hiking to running.", "entities": ["Melanie"], "tags": ["hiking", "running"], "temporal": {"t_ref": null, "t_valid_from": null, "t_valid_to": null}, "evidence_turns": [2], "source_role": "user"}
+], "disambiguation_context": ""}"#;
+
+struct World {
+    _dir: tempfile::TempDir,
+    store: Store,
+    embedder: lycheemem_embed::BertEmbedder,
+    ns: Namespace,
+}
+
+fn world() -> &'static World {
+    static WORLD: OnceLock<World> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let embedder = minilm();
+        let store = Store::open(dir.path(), StoreOptions::new(embedder.dimension())).unwrap();
+        let ns = Namespace::new("friends").unwrap();
+        let encoder_llm = Arc::new(ScriptedLlm::new(&[S1_RECORDS, S2_RECORDS]));
+        let encoder = SegmentEncoder::new(encoder_llm, EncodeConfig::default());
+        let sessions: [(&str, &str, &[(&str, &str)]); 2] = [
+            (
+                "s1",
+                "8 May 2023",
+                &[
+                    (
+                        "Caroline",
+                        "I went to a pottery class yesterday, it was so relaxing.",
+                    ),
+                    (
+                        "Melanie",
+                        "Nice! I ran a charity race for mental health last Saturday.",
+                    ),
+                ],
+            ),
+            (
+                "s2",
+                "20 June 2023",
+                &[
+                    (
+                        "Caroline",
+                        "I finished a portrait of my grandmother this week.",
+                    ),
+                    (
+                        "Melanie",
+                        "I painted a sunrise over the lake, my favourite so far.",
+                    ),
+                    (
+                        "Melanie",
+                        "Honestly I like hiking more than running these days.",
+                    ),
+                ],
+            ),
+        ];
+        for (sid, date, turns) in sessions {
+            let session = SessionId::new(sid).unwrap();
+            store
+                .put_session(&ns, SessionInfo::new(session.clone(), Some(date.into())))
+                .unwrap();
+            let texts: Vec<String> = turns.iter().map(|(s, t)| format!("{s}: {t}")).collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let vectors = embedder.embed(&refs).unwrap();
+            let rows = turns
+                .iter()
+                .zip(vectors)
+                .enumerate()
+                .map(|(i, ((speaker, text), v))| {
+                    (
+                        Turn {
+                            session: session.clone(),
+                            index: i as u32,
+                            role: Role::User,
+                            speaker: Some(speaker.to_string()),
+                            text: text.to_string(),
+                            time: None,
+                        },
+                        Some(v),
+                    )
+                })
+                .collect();
+            store.add_turns(&ns, rows).unwrap();
+            let last = turns.len() as u32 - 1;
+            let segment = Segment {
+                id: Segment::make_id(&session, 0, last),
+                session: session.clone(),
+                first_turn: 0,
+                last_turn: last,
+                exchanges: last + 1,
+                tokens: 40,
+                reason: FinalizeReason::SessionFlush,
+            };
+            let built = build_segment_write(
+                &encoder,
+                &embedder,
+                &OrganizeConfig::default(),
+                &store,
+                &ns,
+                &segment,
+            )
+            .unwrap();
+            assert_eq!(built.outcome.failure, None);
+            store.commit_segment(&ns, built.write).unwrap();
+        }
+        World {
+            _dir: dir,
+            store,
+            embedder,
+            ns,
+        }
+    })
+}
+
+fn search(
+    question: &str,
+    plan: Option<&str>,
+    cfg: &RetrievalConfig,
+) -> (SearchResult, Arc<ScriptedLlm>) {
+    let w = world();
+    let planner = Arc::new(match plan {
+        Some(p) => ScriptedLlm::new(&[p]),
+        None => ScriptedLlm::new::<&str>(&[]),
+    });
+    let retriever = Retriever {
+        store: &w.store,
+        embedder: &w.embedder,
+        reranker: None,
+        planner: Some(planner.as_ref()),
+        cfg,
+    };
+    let req = SearchRequest {
+        question,
+        context: "",
+        reference_date: Some("2023-06-21"),
+        top_k: 5,
+    };
+    (retriever.search(&w.ns, &req).unwrap(), planner)
+}
+
+fn record_texts(r: &SearchResult) -> Vec<&str> {
+    r.evidence
+        .iter()
+        .filter(|e| e.memory_type.is_some())
+        .map(|e| e.evidence.text.as_str())
+        .collect()
+}
+
+#[test]
+fn a_dated_question_is_answered_from_the_record_found_through_the_temporal_channel() {
+    let plan = r#"{"question_type": "temporal", "semantic_queries": ["Caroline activity"],
+      "temporal_filter": {"since": "on 2023-05-07", "until": "on 2023-05-07"},
+      "routes": [{"route_id": "r1", "goal": "what Caroline did that day", "queries": ["Caroline activity"], "constraints": [{"kind": "person", "value": "Caroline"}], "temporal_filter": null}]}"#;
+    let (result, planner) = search(
+        "What did Caroline do on 7 May 2023?",
+        Some(plan),
+        &RetrievalConfig::default(),
+    );
+    assert_eq!(planner.calls(), 1);
+    assert_eq!(
+        result.plan.routes[0].temporal_filter.since.as_deref(),
+        Some("2023-05-07")
+    );
+    let top = &result.evidence[0];
+    assert!(
+        top.evidence.text.contains("pottery"),
+        "{}",
+        result.explain()
+    );
+    assert!(
+        top.evidence
+            .provenance
+            .channels
+            .contains(&Channel::Temporal)
+    );
+    assert!(
+        top.evidence
+            .provenance
+            .nodes
+            .contains("temporal:day:2023-05-07")
+    );
+    assert_eq!(result.usage.len(), 1);
+    // The answer prompt carries the record with its time and session date, and the question date.
+    let answerer = ScriptedLlm::new(&["Caroline went to a pottery class."]);
+    let a = answer(
+        &answerer,
+        "What did Caroline do on 7 May 2023?",
+        Some("2023-06-21"),
+        &result.evidence,
+        &AnswerConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(a.text, "Caroline went to a pottery class.");
+    let prompt = &answerer.prompts()[0][1].content;
+    assert!(
+        prompt
+            .contains("time 2023-05-07; session date 2023-05-08) Caroline went to a pottery class"),
+        "{prompt}"
+    );
+    assert!(prompt.contains("Question date: 2023-06-21"));
+}
+
+#[test]
+fn a_person_specific_question_ranks_that_persons_fact_above_the_other_speakers() {
+    let plan = r#"{"question_type": "single", "semantic_queries": ["Melanie painting"], "temporal_filter": null,
+      "routes": [{"route_id": "r1", "goal": "what Melanie painted", "queries": ["Melanie painted"], "constraints": [{"kind": "person", "value": "Melanie"}], "temporal_filter": null}]}"#;
+    let (result, _) = search(
+        "What did Melanie paint?",
+        Some(plan),
+        &RetrievalConfig::default(),
+    );
+    let records = record_texts(&result);
+    let melanie = records
+        .iter()
+        .position(|t| t.contains("sunrise"))
+        .expect("Melanie's painting is retrieved");
+    if let Some(caroline) = records.iter().position(|t| t.contains("grandmother")) {
+        assert!(melanie < caroline, "{}", result.explain());
+    }
+    let answerer = ScriptedLlm::new(&["A sunrise over the lake."]);
+    answer(
+        &answerer,
+        "What did Melanie paint?",
+        None,
+        &result.evidence,
+        &AnswerConfig::default(),
+    )
+    .unwrap();
+    assert!(
+        answerer.prompts()[0][0]
+            .content
+            .contains("answer about that person only")
+    );
+}
+
+#[test]
+fn unparseable_plans_fall_back_to_the_question_and_no_planner_makes_no_call() {
+    let (result, planner) = search(
+        "Where did Melanie run?",
+        Some("no idea"),
+        &RetrievalConfig::default(),
+    );
+    assert_eq!(planner.calls(), 1);
+    assert!(result.plan_fallback.is_some());
+    assert_eq!(result.plan.routes.len(), 1);
+    assert!(
+        record_texts(&result)
+            .iter()
+            .any(|t| t.contains("charity race"))
+    );
+    let mut cfg = RetrievalConfig::default();
+    cfg.apply_ablation("no_planner").unwrap();
+    let (result, planner) = search("Where did Melanie run?", None, &cfg);
+    assert_eq!(planner.calls(), 0);
+    assert!(result.usage.is_empty());
+    assert!(!result.evidence.is_empty());
+}
+
+#[test]
+fn ablations_change_what_retrieval_uses() {
+    let q = "What does Melanie prefer, hiking or running?";
+    let mut cfg = RetrievalConfig::default();
+    cfg.apply_ablation("record_vector_only").unwrap();
+    let (result, _) = search(q, None, &cfg);
+    assert!(!result.evidence.is_empty());
+    for e in &result.evidence {
+        assert!(matches!(e.evidence.target, CandidateTarget::Record { .. }));
+        assert!(
+            e.evidence
+                .provenance
+                .channels
+                .iter()
+                .all(|c| *c == Channel::Record),
+            "{:?}",
+            e.evidence.provenance.channels
+        );
+    }
+    let mut cfg = RetrievalConfig::default();
+    cfg.apply_ablation("no_lexical").unwrap();
+    let (result, _) = search(q, None, &cfg);
+    assert!(
+        result
+            .evidence
+            .iter()
+            .all(|e| !e.evidence.provenance.channels.contains(&Channel::Lexical))
+    );
+    let (full, _) = search(q, None, &RetrievalConfig::default());
+    assert!(
+        full.evidence
+            .iter()
+            .any(|e| e.evidence.provenance.channels.contains(&Channel::Lexical))
+    );
+    let mut cfg = RetrievalConfig::default();
+    cfg.apply_ablation("no_fusion").unwrap();
+    let (result, _) = search(q, None, &cfg);
+    assert!(result.evidence.iter().all(|e| e.evidence.rrf == 0.0));
+    assert!(
+        result
+            .evidence
+            .windows(2)
+            .all(|w| w[0].evidence.final_score >= w[1].evidence.final_score)
+    );
+    // Every variant returns at most k items, and the explain view names each one.
+    assert!(full.evidence.len() <= full.k);
+    let explain = full.explain();
+    assert!(explain.contains("final") && explain.contains("channels"));
+}

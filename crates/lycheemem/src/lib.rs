@@ -1,0 +1,39 @@
+//! lycheemem: long-term memory for LLM agents that runs offline on one machine.
+//!
+//! [`Memory`] composes the layers: raw turns are stored (durably) and embedded on arrival,
+//! grouped online into semantic segments, and each finalized segment costs one LLM call that
+//! turns it into typed, self-contained records indexed by entity, topic, time and event. A
+//! question costs one planning call and one answering call around deterministic multi-route
+//! recall. Backends — embedder, reranker, and an LLM per purpose (encode, plan, answer), local
+//! GGUF or any OpenAI-compatible server — are chosen by config ([`Components::from_config`]) or
+//! passed in ([`Memory::with_components`]).
+//!
+//! ```no_run
+//! use lycheemem::{Memory, NewTurn, QueryOptions};
+//! use lycheemem_core::{Config, Namespace, SessionId};
+//! # fn main() -> lycheemem_core::Result<()> {
+//! let memory = Memory::open("my-memory", Config::default(), "models".as_ref())?;
+//! let ns = Namespace::new("alice")?;
+//! let session = SessionId::new("2024-03-02-chat")?;
+//! memory.add_turns(&ns, &session, Some("2024-03-02"), vec![
+//!     NewTurn::user("I adopted a beagle called Rex yesterday!"),
+//!     NewTurn::assistant("Congratulations! How is Rex settling in?"),
+//! ])?;
+//! memory.flush(&ns, &session)?;
+//! let answer = memory.answer(&ns, "When did I adopt my dog?", &QueryOptions::default())?;
+//! println!("{} ({} tokens)", answer.text, answer.tokens());
+//! # Ok(()) }
+//! ```
+
+mod components;
+mod memory;
+
+pub use components::Components;
+pub use memory::{
+    Answer, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory, NewTurn,
+    QueryOptions, RederiveReport, SegmentSummary, records_by_type,
+};
+
+pub use lycheemem_core as core;
+pub use lycheemem_retrieve::{EvidenceItem, SearchResult};
+pub use lycheemem_store::{DeleteReceipt, ImportReceipt, NamespaceStats};

@@ -1,0 +1,670 @@
+//! [`Memory`]: one store directory plus the models, with the write path (turns → exchanges →
+//! online segmentation → one encoder call per finalized segment → store) and the read path
+//! (plan → recall → fusion → selection → answer).
+//!
+//! Ingestion is incremental and restart-safe. Raw turns (with their vectors) are committed
+//! before any LLM work. Each session's ingest state — the exchange builder, exchanges waiting
+//! for the segmenter, the segmenter state, and the next turn to consume — is persisted with
+//! every segment it finalizes (same transaction) and after every call, so a process that dies
+//! anywhere resumes exactly where the last commit left off, and ingesting a conversation in
+//! pieces across restarts yields the same segments and records as one uninterrupted run.
+
+use lycheemem_core::config::SegmentPolicy;
+use lycheemem_core::{
+    Config, Error, Namespace, Purpose, Result, Role, Segment, SessionId, TokenUsage, Turn,
+    UsageTotals,
+};
+use lycheemem_encode::{SegmentEncoder, build_segment_write};
+use lycheemem_retrieve::{EvidenceItem, Retriever, SearchRequest, SearchResult};
+use lycheemem_segment::{
+    ExchangeBuilder, ExchangeInput, ExchangeMode, PendingExchange, Segmenter, SegmenterState,
+};
+use lycheemem_store::{
+    DeleteReceipt, ExportOptions, ImportReceipt, ItemRef, NamespaceStats, SessionInfo, Store,
+    StoreOptions,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::Path;
+use std::sync::Mutex;
+
+use crate::components::Components;
+
+/// The per-session state name of the ingest pipeline.
+pub const INGEST_STATE: &str = "ingest";
+
+/// Longest accepted turn text, in characters.
+pub const MAX_TURN_CHARS: usize = 200_000;
+
+/// One incoming turn (its index is assigned by the memory).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewTurn {
+    pub role: Role,
+    /// Speaker name in multi-party logs; `None` in plain chat.
+    #[serde(default)]
+    pub speaker: Option<String>,
+    pub text: String,
+    /// ISO date or date-time of the turn, if known.
+    #[serde(default)]
+    pub time: Option<String>,
+}
+
+impl NewTurn {
+    pub fn user(text: impl Into<String>) -> Self {
+        NewTurn {
+            role: Role::User,
+            speaker: None,
+            text: text.into(),
+            time: None,
+        }
+    }
+
+    pub fn assistant(text: impl Into<String>) -> Self {
+        NewTurn {
+            role: Role::Assistant,
+            speaker: None,
+            text: text.into(),
+            time: None,
+        }
+    }
+
+    /// A turn of a named speaker in a multi-party log.
+    pub fn spoken(speaker: impl Into<String>, text: impl Into<String>) -> Self {
+        NewTurn {
+            role: Role::User,
+            speaker: Some(speaker.into()),
+            text: text.into(),
+            time: None,
+        }
+    }
+}
+
+/// What an ingest or flush call did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IngestReceipt {
+    pub turns_stored: u64,
+    pub exchanges: u64,
+    pub segments: Vec<SegmentSummary>,
+    pub records: u64,
+    pub failed_segments: u64,
+    pub encode_calls: u64,
+    pub encode_tokens: u64,
+}
+
+impl IngestReceipt {
+    fn add(&mut self, other: IngestReceipt) {
+        self.turns_stored += other.turns_stored;
+        self.exchanges += other.exchanges;
+        self.segments.extend(other.segments);
+        self.records += other.records;
+        self.failed_segments += other.failed_segments;
+        self.encode_calls += other.encode_calls;
+        self.encode_tokens += other.encode_tokens;
+    }
+}
+
+/// One finalized segment as reported to the caller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentSummary {
+    pub segment: Segment,
+    pub records: usize,
+    pub failure: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct IngestState {
+    builder: ExchangeBuilder,
+    /// Exchanges built but not yet given to the segmenter.
+    queue: VecDeque<PendingExchange>,
+    segmenter: SegmenterState,
+    /// The first turn not yet given to the exchange builder.
+    next_turn: u32,
+    /// Exchanges given to the segmenter so far.
+    #[serde(default)]
+    exchanges: u64,
+}
+
+/// Options of a question.
+#[derive(Debug, Clone, Default)]
+pub struct QueryOptions {
+    /// Requested evidence count (the effective k is at least `retrieval.min_top_k`).
+    pub top_k: usize,
+    /// Recent dialogue for the planner.
+    pub context: String,
+    /// The question's reference date (ISO); relative dates resolve against it.
+    pub reference_date: Option<String>,
+}
+
+/// An answer with its evidence and what it cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub text: String,
+    pub search: SearchResult,
+    /// Planner and answer calls.
+    pub usage: Vec<TokenUsage>,
+}
+
+impl Answer {
+    pub fn evidence(&self) -> &[EvidenceItem] {
+        &self.search.evidence
+    }
+
+    /// Prompt + completion tokens of the planner and answer calls.
+    pub fn tokens(&self) -> u64 {
+        self.usage
+            .iter()
+            .map(|u| u.prompt_tokens + u.completion_tokens)
+            .sum()
+    }
+}
+
+/// What [`Memory::rederive`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RederiveReport {
+    pub sessions: u64,
+    pub segments: u64,
+    pub records_before: u64,
+    pub records_after: u64,
+    /// Record texts that exist now but did not before, and the reverse.
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub ingest: IngestReceipt,
+}
+
+/// Long-term memory in one directory.
+pub struct Memory {
+    store: Store,
+    config: Config,
+    components: Components,
+    encoder: SegmentEncoder,
+    segmenter: Segmenter,
+    /// Serializes ingestion (per-session state is read, advanced and written back).
+    ingest: Mutex<()>,
+}
+
+impl Memory {
+    /// Opens (or creates) the memory in `dir` with the models named in `config.models`, fetching
+    /// missing manifest models into `models_dir`.
+    pub fn open(dir: impl AsRef<Path>, config: Config, models_dir: &Path) -> Result<Memory> {
+        let components = Components::from_config(&config, models_dir, &mut |_| {})?;
+        Memory::with_components(dir, config, components)
+    }
+
+    /// Opens the memory in `dir` with explicitly supplied backends.
+    pub fn with_components(
+        dir: impl AsRef<Path>,
+        config: Config,
+        components: Components,
+    ) -> Result<Memory> {
+        let mut options = StoreOptions::new(components.embedder.dimension());
+        options.index = config.store.clone();
+        options.node_text_chars = config.organize.node_text_chars;
+        let store = Store::open(dir, options)?;
+        let encoder = SegmentEncoder::new(components.encode_llm.clone(), config.encode.clone());
+        let segmenter = Segmenter::new(config.segment.clone());
+        Ok(Memory {
+            store,
+            config,
+            components,
+            encoder,
+            segmenter,
+            ingest: Mutex::new(()),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.ingest.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores turns of `session` (creating it, with `date`, if new; a given date updates it)
+    /// and advances segmentation; segments that finalize are encoded and stored.
+    pub fn add_turns(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        date: Option<&str>,
+        turns: Vec<NewTurn>,
+    ) -> Result<IngestReceipt> {
+        for (i, t) in turns.iter().enumerate() {
+            if t.text.trim().is_empty() {
+                return Err(Error::InvalidInput(format!(
+                    "turn {i} of the batch is empty"
+                )));
+            }
+            if t.text.chars().count() > MAX_TURN_CHARS {
+                return Err(Error::InvalidInput(format!(
+                    "turn {i} of the batch has {} characters; the limit is {MAX_TURN_CHARS}",
+                    t.text.chars().count()
+                )));
+            }
+        }
+        if let Some(d) = date
+            && lycheemem_core::date::parse_date(d).is_none()
+        {
+            return Err(Error::InvalidInput(format!(
+                "session date {d:?} is not a date (try YYYY-MM-DD)"
+            )));
+        }
+        let _guard = self.lock();
+        let existing = self.store.session(ns, session)?;
+        if existing.is_none() || date.is_some() {
+            let mut info = existing.unwrap_or_else(|| SessionInfo::new(session.clone(), None));
+            if let Some(d) = date {
+                info.date = Some(d.to_string());
+            }
+            self.store.put_session(ns, info)?;
+        }
+        let start = self.store.session(ns, session)?.map_or(0, |s| s.turn_count);
+        let stored: Vec<Turn> = turns
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| Turn {
+                session: session.clone(),
+                index: start + i as u32,
+                role: t.role,
+                speaker: t.speaker,
+                text: t.text,
+                time: t.time,
+            })
+            .collect();
+        let texts: Vec<String> = stored
+            .iter()
+            .map(|t| format!("{}: {}", t.author(), t.text))
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let vectors = if refs.is_empty() {
+            Vec::new()
+        } else {
+            self.components.embedder.embed(&refs)?
+        };
+        let n = stored.len() as u64;
+        // Durable before any LLM work.
+        self.store.add_turns(
+            ns,
+            stored
+                .into_iter()
+                .zip(vectors.into_iter().map(Some))
+                .collect(),
+        )?;
+        let mut receipt = self.advance(ns, session, false)?;
+        receipt.turns_stored = n;
+        Ok(receipt)
+    }
+
+    /// Closes a session: the pending exchange and the active segment are finalized and encoded.
+    pub fn flush(&self, ns: &Namespace, session: &SessionId) -> Result<IngestReceipt> {
+        let _guard = self.lock();
+        if self.store.session(ns, session)?.is_none() {
+            return Err(Error::NotFound(format!(
+                "session {session} in namespace {ns}"
+            )));
+        }
+        self.advance(ns, session, true)
+    }
+
+    fn load_state(&self, ns: &Namespace, session: &SessionId) -> Result<IngestState> {
+        match self.store.state(ns, session, INGEST_STATE)? {
+            Some(v) => serde_json::from_value(v)
+                .map_err(|e| Error::Store(format!("ingest state of {session} is unreadable: {e}"))),
+            None => Ok(IngestState {
+                builder: ExchangeBuilder::new(ExchangeMode::Chat),
+                queue: VecDeque::new(),
+                segmenter: SegmenterState::new(session.clone()),
+                next_turn: 0,
+                exchanges: 0,
+            }),
+        }
+    }
+
+    fn state_value(state: &IngestState) -> Result<serde_json::Value> {
+        serde_json::to_value(state)
+            .map_err(|e| Error::Store(format!("cannot serialize the ingest state: {e}")))
+    }
+
+    /// Feeds the session's unconsumed turns through exchanges and the segmenter; encodes and
+    /// commits every finalized segment together with the state at that point.
+    fn advance(&self, ns: &Namespace, session: &SessionId, flush: bool) -> Result<IngestReceipt> {
+        let mut receipt = IngestReceipt::default();
+        let mut state = self.load_state(ns, session)?;
+        let turns = self
+            .store
+            .turn_range(ns, session, state.next_turn, u32::MAX)?;
+        if state.next_turn == 0
+            && let Some(first) = turns.first()
+        {
+            // Two-speaker logs (named speakers) make every turn its own exchange.
+            let mode = if first.speaker.is_some() {
+                ExchangeMode::PerTurn
+            } else {
+                ExchangeMode::Chat
+            };
+            state.builder = ExchangeBuilder::new(mode);
+        }
+        for t in &turns {
+            if let Some(ex) = state.builder.push(t) {
+                state.queue.push_back(ex);
+            }
+            state.next_turn = t.index + 1;
+        }
+        if flush && let Some(ex) = state.builder.finish() {
+            state.queue.push_back(ex);
+        }
+        // Embed every queued exchange in one batch.
+        let head_tail = self.config.segment.embed_head_tail_chars;
+        let texts: Vec<String> = state
+            .queue
+            .iter()
+            .map(|e| e.embedding_text(head_tail))
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let vectors = if refs.is_empty() {
+            Vec::new()
+        } else {
+            self.components.embedder.embed(&refs)?
+        };
+        for vector in vectors {
+            let Some(ex) = state.queue.pop_front() else {
+                break;
+            };
+            let Some(first_turn) = ex.first_turn() else {
+                continue;
+            };
+            receipt.exchanges += 1;
+            state.exchanges += 1;
+            let input = ExchangeInput {
+                first_turn,
+                turn_tokens: ex.turn_tokens(),
+                vector,
+            };
+            let (segments, _decision) = self.segmenter.push(&mut state.segmenter, input);
+            for seg in segments {
+                receipt.add(self.encode_and_commit(ns, &seg, &state)?);
+            }
+        }
+        if flush && let Some(seg) = self.segmenter.flush(&mut state.segmenter) {
+            receipt.add(self.encode_and_commit(ns, &seg, &state)?);
+        }
+        self.store
+            .put_state(ns, session, INGEST_STATE, &Self::state_value(&state)?)?;
+        Ok(receipt)
+    }
+
+    fn encode_and_commit(
+        &self,
+        ns: &Namespace,
+        segment: &Segment,
+        state: &IngestState,
+    ) -> Result<IngestReceipt> {
+        let built = build_segment_write(
+            &self.encoder,
+            self.components.embedder.as_ref(),
+            &self.config.organize,
+            &self.store,
+            ns,
+            segment,
+        )?;
+        let mut write = built.write;
+        write.state.push((
+            segment.session.clone(),
+            INGEST_STATE.to_string(),
+            Self::state_value(state)?,
+        ));
+        let records = write.records.len();
+        self.store.commit_segment(ns, write)?;
+        let outcome = built.outcome;
+        Ok(IngestReceipt {
+            turns_stored: 0,
+            exchanges: 0,
+            segments: vec![SegmentSummary {
+                segment: segment.clone(),
+                records,
+                failure: outcome.failure.clone(),
+            }],
+            records: records as u64,
+            failed_segments: u64::from(outcome.failure.is_some()),
+            encode_calls: u64::from(outcome.calls),
+            encode_tokens: outcome.prompt_tokens + outcome.completion_tokens,
+        })
+    }
+
+    fn require_namespace(&self, ns: &Namespace) -> Result<()> {
+        if self.store.sessions(ns)?.is_empty() {
+            return Err(Error::NotFound(format!(
+                "namespace {ns} has no memory (ingest something first)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Finds the evidence for a question (one planner call unless disabled). The planner's
+    /// usage is logged.
+    pub fn search(
+        &self,
+        ns: &Namespace,
+        question: &str,
+        opts: &QueryOptions,
+    ) -> Result<SearchResult> {
+        self.require_namespace(ns)?;
+        let retriever = Retriever {
+            store: &self.store,
+            embedder: self.components.embedder.as_ref(),
+            reranker: self.components.reranker.as_deref(),
+            planner: Some(self.components.plan_llm.as_ref()),
+            cfg: &self.config.retrieval,
+        };
+        let req = SearchRequest {
+            question,
+            context: &opts.context,
+            reference_date: opts.reference_date.as_deref(),
+            top_k: opts.top_k,
+        };
+        let result = retriever.search(ns, &req)?;
+        if !result.usage.is_empty() {
+            self.store.log_usage(ns, &result.usage)?;
+        }
+        Ok(result)
+    }
+
+    /// Answers a question from memory: search, then one answer call. Both calls are logged.
+    pub fn answer(&self, ns: &Namespace, question: &str, opts: &QueryOptions) -> Result<Answer> {
+        let search = self.search(ns, question, opts)?;
+        let reply = lycheemem_retrieve::answer(
+            self.components.answer_llm.as_ref(),
+            question,
+            opts.reference_date.as_deref(),
+            &search.evidence,
+            &self.config.answer,
+        )?;
+        self.store
+            .log_usage(ns, std::slice::from_ref(&reply.usage))?;
+        let mut usage = search.usage.clone();
+        usage.push(reply.usage);
+        Ok(Answer {
+            text: reply.text,
+            search,
+            usage,
+        })
+    }
+
+    /// Re-embeds items whose vectors are missing or stale (e.g. nodes rewritten by a delete).
+    pub fn reembed_pending(&self, ns: &Namespace) -> Result<usize> {
+        let mut done = 0;
+        loop {
+            let pending = self.store.pending_vectors(ns, 256)?;
+            if pending.is_empty() {
+                return Ok(done);
+            }
+            let texts: Vec<&str> = pending.iter().map(|(_, t)| t.as_str()).collect();
+            let vectors = self.components.embedder.embed(&texts)?;
+            let items: Vec<(ItemRef, Vec<f32>)> =
+                pending.into_iter().map(|(i, _)| i).zip(vectors).collect();
+            let n = self.store.set_vectors(ns, &items)?;
+            if n == 0 {
+                return Ok(done);
+            }
+            done += n;
+        }
+    }
+
+    pub fn delete_record(&self, ns: &Namespace, record_id: &str) -> Result<DeleteReceipt> {
+        let _guard = self.lock();
+        let r = self.store.delete_record(ns, record_id)?;
+        if r.records == 0 {
+            return Err(Error::NotFound(format!(
+                "record {record_id} in namespace {ns}"
+            )));
+        }
+        self.reembed_pending(ns)?;
+        Ok(r)
+    }
+
+    pub fn delete_session(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
+        let _guard = self.lock();
+        let r = self.store.delete_session(ns, session)?;
+        if r.sessions == 0 {
+            return Err(Error::NotFound(format!(
+                "session {session} in namespace {ns}"
+            )));
+        }
+        self.reembed_pending(ns)?;
+        Ok(r)
+    }
+
+    pub fn delete_namespace(&self, ns: &Namespace) -> Result<DeleteReceipt> {
+        let _guard = self.lock();
+        self.require_namespace(ns)?;
+        self.store.delete_namespace(ns)
+    }
+
+    pub fn export(
+        &self,
+        ns: &Namespace,
+        out: &mut dyn std::io::Write,
+        include_vectors: bool,
+    ) -> Result<u64> {
+        self.require_namespace(ns)?;
+        self.store
+            .export(ns, out, ExportOptions { include_vectors })
+    }
+
+    pub fn import(
+        &self,
+        ns: &Namespace,
+        input: &mut dyn std::io::BufRead,
+    ) -> Result<ImportReceipt> {
+        let _guard = self.lock();
+        let embedder = self.components.embedder.clone();
+        let embed = move |texts: &[String]| -> Result<Vec<Vec<f32>>> {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            embedder.embed(&refs)
+        };
+        self.store.import(ns, input, Some(&embed))
+    }
+
+    /// Counts from the store plus token usage by purpose.
+    pub fn stats(&self, ns: &Namespace) -> Result<NamespaceStats> {
+        self.require_namespace(ns)?;
+        self.store.stats(ns)
+    }
+
+    /// Token usage of a namespace by purpose.
+    pub fn usage(&self, ns: &Namespace) -> Result<UsageTotals> {
+        let mut totals = UsageTotals::default();
+        for u in self.store.usage_log(ns)? {
+            totals.add(&u);
+        }
+        Ok(totals)
+    }
+
+    /// Re-runs segmentation and encoding over every stored raw turn of the namespace with the
+    /// current models, prompts and config, and reports which record texts changed.
+    pub fn rederive(&self, ns: &Namespace) -> Result<RederiveReport> {
+        self.require_namespace(ns)?;
+        let _guard = self.lock();
+        let before: BTreeSet<String> = self
+            .store
+            .all_records(ns)?
+            .into_iter()
+            .map(|r| r.semantic_text)
+            .collect();
+        let sessions = self.store.sessions(ns)?;
+        let mut report = RederiveReport {
+            sessions: sessions.len() as u64,
+            records_before: before.len() as u64,
+            ..RederiveReport::default()
+        };
+        for s in &sessions {
+            self.store.clear_session_derived(ns, &s.id)?;
+        }
+        for s in &sessions {
+            report.ingest.add(self.advance(ns, &s.id, true)?);
+        }
+        let after: BTreeSet<String> = self
+            .store
+            .all_records(ns)?
+            .into_iter()
+            .map(|r| r.semantic_text)
+            .collect();
+        report.segments = report.ingest.segments.len() as u64;
+        report.records_after = after.len() as u64;
+        report.added = after.difference(&before).cloned().collect();
+        report.removed = before.difference(&after).cloned().collect();
+        Ok(report)
+    }
+
+    /// Construction cost so far: encode calls and tokens, and the calls per-exchange (eager)
+    /// encoding would have made for the same exchanges.
+    pub fn construction(&self, ns: &Namespace) -> Result<Construction> {
+        let usage = self.usage(ns)?;
+        let encode = usage
+            .by_purpose
+            .get(&Purpose::Encode)
+            .copied()
+            .unwrap_or_default();
+        let mut exchanges = 0u64;
+        let mut segments = 0u64;
+        for s in self.store.sessions(ns)? {
+            let state = self.load_state(ns, &s.id)?;
+            exchanges += state.exchanges;
+            segments += self.store.segments(ns, &s.id)?.len() as u64;
+        }
+        Ok(Construction {
+            encode_calls: encode.calls,
+            encode_tokens: encode.prompt_tokens + encode.completion_tokens,
+            segments,
+            exchanges,
+        })
+    }
+
+    /// Whether `policy` is the eager per-exchange baseline.
+    pub fn is_eager(&self) -> bool {
+        self.config.segment.policy == SegmentPolicy::PerExchange
+    }
+}
+
+/// Construction cost of a namespace (SPEC §6).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Construction {
+    pub encode_calls: u64,
+    pub encode_tokens: u64,
+    pub segments: u64,
+    /// Exchanges segmented: the number of calls per-exchange encoding would make.
+    pub exchanges: u64,
+}
+
+/// Record counts per memory type, for summaries.
+pub fn records_by_type(store: &Store, ns: &Namespace) -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for r in store.all_records(ns)? {
+        *out.entry(r.memory_type.as_str().to_string()).or_insert(0) += 1;
+    }
+    Ok(out)
+}

@@ -1,0 +1,281 @@
+//! The facade end to end with a real store and real MiniLM embeddings; scripted LLMs make the
+//! assertions exact.
+
+use lycheemem::{Components, Memory, NewTurn, QueryOptions};
+use lycheemem_core::{Config, Namespace, Purpose, SessionId};
+use lycheemem_embed::Embedder;
+use lycheemem_testkit::{ScriptedLlm, minilm};
+use std::sync::{Arc, OnceLock};
+
+fn embedder() -> Arc<dyn Embedder> {
+    static E: OnceLock<Arc<dyn Embedder>> = OnceLock::new();
+    E.get_or_init(|| Arc::new(minilm())).clone()
+}
+
+const PLAN: &str = r#"{"question_type": "single", "semantic_queries": [], "temporal_filter": null, "routes": [{"route_id": "r1", "goal": "find it", "queries": [], "constraints": [], "temporal_filter": null}]}"#;
+
+fn components(answer: &str) -> (Components, Arc<ScriptedLlm>) {
+    let encoder = Arc::new(ScriptedLlm::echo_encoder());
+    let answer = answer.to_string();
+    let planner = Arc::new(ScriptedLlm::responding(|_| PLAN.to_string()));
+    let answerer = Arc::new(ScriptedLlm::responding(move |_| answer.clone()));
+    (
+        Components {
+            embedder: embedder(),
+            reranker: None,
+            encode_llm: encoder.clone(),
+            plan_llm: planner,
+            answer_llm: answerer,
+        },
+        encoder,
+    )
+}
+
+/// A two-session chat: the user's facts change topic now and then.
+fn conversation() -> Vec<(&'static str, &'static str, Vec<NewTurn>)> {
+    let chat = |pairs: &[(&str, &str)]| -> Vec<NewTurn> {
+        pairs
+            .iter()
+            .flat_map(|(u, a)| [NewTurn::user(*u), NewTurn::assistant(*a)])
+            .collect()
+    };
+    vec![
+        (
+            "s1",
+            "2024-03-01",
+            chat(&[
+                (
+                    "I just adopted a beagle called Rex.",
+                    "Congratulations! Beagles are lovely.",
+                ),
+                (
+                    "Rex loves long walks in the park.",
+                    "That's great exercise for both of you.",
+                ),
+                (
+                    "Do you know good dog food brands?",
+                    "Look for brands with real meat first.",
+                ),
+                (
+                    "By the way, I started learning the cello.",
+                    "Wonderful! How are the lessons going?",
+                ),
+                (
+                    "My cello teacher is called Ms. Ortiz.",
+                    "Teachers make a big difference.",
+                ),
+            ]),
+        ),
+        (
+            "s2",
+            "2024-04-10",
+            chat(&[
+                (
+                    "I moved to Lisbon last week.",
+                    "Exciting! How do you like it?",
+                ),
+                (
+                    "The food in Lisbon is amazing, especially pastel de nata.",
+                    "They are famous for good reason.",
+                ),
+                (
+                    "Rex is adjusting well to the new flat.",
+                    "Glad to hear the dog is happy.",
+                ),
+            ]),
+        ),
+    ]
+}
+
+fn ingest(memory: &Memory, ns: &Namespace, split_at: Option<usize>) {
+    for (sid, date, turns) in conversation() {
+        let session = SessionId::new(sid).unwrap();
+        match split_at {
+            Some(n) if n < turns.len() => {
+                let (a, b) = turns.split_at(n);
+                memory
+                    .add_turns(ns, &session, Some(date), a.to_vec())
+                    .unwrap();
+                memory.add_turns(ns, &session, None, b.to_vec()).unwrap();
+            }
+            _ => {
+                memory.add_turns(ns, &session, Some(date), turns).unwrap();
+            }
+        }
+        memory.flush(ns, &session).unwrap();
+    }
+}
+
+fn snapshot(memory: &Memory, ns: &Namespace) -> (Vec<(u32, u32)>, Vec<String>) {
+    let mut segments = Vec::new();
+    for s in memory.store().sessions(ns).unwrap() {
+        for row in memory.store().segments(ns, &s.id).unwrap() {
+            segments.push((row.segment.first_turn, row.segment.last_turn));
+        }
+    }
+    let mut records: Vec<String> = memory
+        .store()
+        .all_records(ns)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.semantic_text)
+        .collect();
+    records.sort();
+    (segments, records)
+}
+
+#[test]
+fn ingest_segments_encodes_and_answers_with_a_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (comp, encoder) = components("Rex is a beagle.");
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    let ns = Namespace::new("alice").unwrap();
+    ingest(&memory, &ns, None);
+    let stats = memory.stats(&ns).unwrap();
+    assert_eq!(stats.turns, 16);
+    assert!(stats.segments >= 2, "at least one segment per session");
+    assert!(
+        stats.segments < 8,
+        "segments batch several exchanges: {}",
+        stats.segments
+    );
+    assert_eq!(
+        stats.records, 16,
+        "the echo encoder makes one record per turn"
+    );
+    assert_eq!(stats.vectors, stats.indexed_vectors);
+    let construction = memory.construction(&ns).unwrap();
+    assert_eq!(construction.exchanges, 8);
+    assert_eq!(construction.encode_calls, stats.segments);
+    assert_eq!(encoder.calls() as u64, stats.segments);
+
+    let answer = memory
+        .answer(
+            &ns,
+            "What breed is my dog Rex?",
+            &QueryOptions {
+                reference_date: Some("2024-05-01".into()),
+                ..QueryOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(answer.text, "Rex is a beagle.");
+    assert!(
+        answer
+            .evidence()
+            .iter()
+            .any(|e| e.evidence.text.contains("beagle called Rex"))
+    );
+    assert_eq!(answer.usage.len(), 2);
+    assert_eq!(answer.usage[0].purpose, Purpose::Plan);
+    assert_eq!(answer.usage[1].purpose, Purpose::Answer);
+    let usage = memory.usage(&ns).unwrap();
+    assert_eq!(usage.by_purpose[&Purpose::Plan].calls, 1);
+    assert_eq!(usage.by_purpose[&Purpose::Answer].calls, 1);
+    assert_eq!(usage.by_purpose[&Purpose::Encode].calls, stats.segments);
+}
+
+#[test]
+fn restarting_mid_conversation_gives_the_same_segments_and_records() {
+    let ns = Namespace::new("bob").unwrap();
+    // One uninterrupted run.
+    let dir = tempfile::tempdir().unwrap();
+    let (comp, _) = components("x");
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    ingest(&memory, &ns, None);
+    let uninterrupted = snapshot(&memory, &ns);
+    drop(memory);
+    // Half of each session, drop the handle, reopen, the rest.
+    let dir = tempfile::tempdir().unwrap();
+    for (sid, date, turns) in conversation() {
+        let session = SessionId::new(sid).unwrap();
+        let half = turns.len() / 2 + 1;
+        {
+            let (comp, _) = components("x");
+            let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+            memory
+                .add_turns(&ns, &session, Some(date), turns[..half].to_vec())
+                .unwrap();
+        }
+        let (comp, _) = components("x");
+        let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+        memory
+            .add_turns(&ns, &session, None, turns[half..].to_vec())
+            .unwrap();
+        memory.flush(&ns, &session).unwrap();
+    }
+    let (comp, _) = components("x");
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    assert_eq!(snapshot(&memory, &ns), uninterrupted);
+}
+
+#[test]
+fn deletes_rederive_and_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (comp, _) = components("x");
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    let ns = Namespace::new("carol").unwrap();
+    ingest(&memory, &ns, Some(3));
+    let before = memory.stats(&ns).unwrap();
+    // Rederive with the same models and config changes nothing.
+    let report = memory.rederive(&ns).unwrap();
+    assert_eq!(report.records_before, report.records_after);
+    assert!(report.added.is_empty() && report.removed.is_empty());
+    assert_eq!(memory.stats(&ns).unwrap().records, before.records);
+    // Rederive with the eager policy: one segment per exchange.
+    drop(memory);
+    let mut eager = Config::default();
+    eager.segment.policy = lycheemem_core::config::SegmentPolicy::PerExchange;
+    let (comp, _) = components("x");
+    let memory = Memory::with_components(dir.path(), eager, comp).unwrap();
+    let report = memory.rederive(&ns).unwrap();
+    assert_eq!(report.segments, 8);
+    // Deleting a record re-embeds the nodes it left.
+    let id = memory.store().all_records(&ns).unwrap()[0]
+        .record_id
+        .clone();
+    let receipt = memory.delete_record(&ns, &id).unwrap();
+    assert_eq!(receipt.records, 1);
+    assert_eq!(memory.stats(&ns).unwrap().pending_vectors, 0);
+    assert!(memory.delete_record(&ns, &id).is_err(), "already gone");
+    let receipt = memory
+        .delete_session(&ns, &SessionId::new("s2").unwrap())
+        .unwrap();
+    assert_eq!(receipt.turns, 6);
+    // Bad input: empty and oversized turns, bad dates, unknown namespaces.
+    let s = SessionId::new("s3").unwrap();
+    assert!(
+        memory
+            .add_turns(&ns, &s, None, vec![NewTurn::user("  ")])
+            .is_err()
+    );
+    assert!(
+        memory
+            .add_turns(
+                &ns,
+                &s,
+                None,
+                vec![NewTurn::user("x".repeat(lycheemem::MAX_TURN_CHARS + 1))]
+            )
+            .is_err()
+    );
+    assert!(
+        memory
+            .add_turns(&ns, &s, Some("the day after"), vec![NewTurn::user("hi")])
+            .is_err()
+    );
+    let nobody = Namespace::new("nobody").unwrap();
+    assert!(
+        memory
+            .search(&nobody, "anything?", &QueryOptions::default())
+            .is_err()
+    );
+    assert!(
+        memory
+            .flush(&ns, &SessionId::new("missing").unwrap())
+            .is_err()
+    );
+    let receipt = memory.delete_namespace(&ns).unwrap();
+    assert!(receipt.turns > 0);
+    assert!(memory.stats(&ns).is_err());
+}
