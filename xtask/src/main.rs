@@ -46,7 +46,10 @@ fn run_task() -> Result<()> {
 }
 
 fn repo_root() -> Result<PathBuf> {
-    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // `cargo run` sets CARGO_MANIFEST_DIR for the process: prefer it to the compile-time value,
+    // which is stale when several checkouts share one target directory.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     Ok(manifest_dir
         .parent()
         .context("xtask lives in the repository root")?

@@ -76,8 +76,8 @@ pub fn run(models_dir: &Path, args: DemoArgs) -> Result<()> {
 
     let tmp = dir.join("conversation.json");
     std::fs::write(&tmp, CONVERSATION)?;
-    let sessions = crate::memory_cmd::turns_of(&tmp)?;
-    let total: usize = sessions.iter().map(|s| s.2.len()).sum();
+    let sessions = crate::memory_cmd::sessions_of(&tmp)?;
+    let total: usize = sessions.iter().map(|s| s.turns.len()).sum();
     println!(
         "\ningesting {} sessions, {total} turns (raw turns are stored before any LLM call)",
         sessions.len()
@@ -91,10 +91,11 @@ pub fn run(models_dir: &Path, args: DemoArgs) -> Result<()> {
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     let ingest_started = Instant::now();
     let mut summaries = Vec::new();
-    for (id, date, turns) in sessions {
+    for session in sessions {
+        let id = session.id;
         let sid = SessionId::new(id.clone())?;
-        let mut date = date;
-        for turn in turns {
+        let mut date = session.date;
+        for turn in session.turns {
             bar.set_message(format!("session {id}: segmenting / encoding"));
             let r = memory.add_turns(&ns, &sid, date.take().as_deref(), vec![turn])?;
             summaries.extend(r.segments);

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use lycheemem::{Memory, NewTurn, QueryOptions, SearchResult};
+use lycheemem::{Memory, QueryOptions, SearchResult};
 use lycheemem_core::{Namespace, SessionId};
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -264,7 +264,8 @@ pub fn print_evidence(result: &SearchResult) {
     }
 }
 
-pub fn ask(models_dir: &Path, args: AskArgs) -> Result<()> {
+/// The memory, namespace and query options of an `ask` / `search`.
+fn query(models_dir: &Path, args: &AskArgs) -> Result<(Memory, Namespace, QueryOptions)> {
     let memory = args.memory.open(models_dir)?;
     let ns = args.memory.namespace()?;
     let opts = QueryOptions {
@@ -272,6 +273,11 @@ pub fn ask(models_dir: &Path, args: AskArgs) -> Result<()> {
         reference_date: args.date.clone(),
         ..QueryOptions::default()
     };
+    Ok((memory, ns, opts))
+}
+
+pub fn ask(models_dir: &Path, args: AskArgs) -> Result<()> {
+    let (memory, ns, opts) = query(models_dir, &args)?;
     let answer = memory.answer(&ns, &args.question, &opts)?;
     if args.json {
         let evidence: Vec<_> = answer.evidence().iter().collect();
@@ -303,13 +309,7 @@ pub fn ask(models_dir: &Path, args: AskArgs) -> Result<()> {
 }
 
 pub fn search(models_dir: &Path, args: AskArgs) -> Result<()> {
-    let memory = args.memory.open(models_dir)?;
-    let ns = args.memory.namespace()?;
-    let opts = QueryOptions {
-        top_k: args.top_k,
-        reference_date: args.date.clone(),
-        ..QueryOptions::default()
-    };
+    let (memory, ns, opts) = query(models_dir, &args)?;
     let result = memory.search(&ns, &args.question, &opts)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result.evidence)?);
@@ -513,11 +513,10 @@ pub fn rederive(models_dir: &Path, args: RederiveArgs) -> Result<()> {
     Ok(())
 }
 
-/// Reads the turns of a file for the demo (same formats as ingest).
-pub fn turns_of(path: &Path) -> Result<Vec<(String, Option<String>, Vec<NewTurn>)>> {
+/// Reads the sessions of a file for the demo (same formats as ingest).
+pub fn sessions_of(path: &Path) -> Result<Vec<conversation_formats::Session>> {
     Ok(conversation_formats::read(path, Format::Auto, None, None)?
         .into_iter()
         .flat_map(|c| c.sessions)
-        .map(|s| (s.id, s.date, s.turns))
         .collect())
 }

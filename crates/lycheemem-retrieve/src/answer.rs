@@ -10,7 +10,7 @@ use crate::EvidenceItem;
 
 pub const ANSWER_INSTRUCTIONS: &str = "You answer questions about past conversations using only the evidence given.
 Rules:
-- Answer from the evidence. If it does not contain the answer, say briefly that it is not in memory.
+- Answer from the evidence only. If no evidence item contains the answer, reply exactly: I don't have that in memory.
 - Do not double-count: several evidence items may describe the same thing.
 - When the question names a person, answer about that person only; never attribute another person's facts to them.
 - If evidence conflicts, prefer the most recent supported information (latest time or session date).

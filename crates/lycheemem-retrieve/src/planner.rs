@@ -237,7 +237,7 @@ pub fn parse_plan(
         return Err("the plan is not a JSON object".into());
     }
     let anchor = reference_date
-        .and_then(|d| parse_date(d))
+        .and_then(parse_date)
         .map(|p| p.date.first_day());
     let question_type = value
         .get("question_type")

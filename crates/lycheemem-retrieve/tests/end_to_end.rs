@@ -23,6 +23,13 @@ const S2_RECORDS: &str = r#"{"records": [
  {"memory_type": "preference", "semantic_text": "Melanie prefers hiking to running.", "entities": ["Melanie"], "tags": ["hiking", "running"], "temporal": {"t_ref": null, "t_valid_from": null, "t_valid_to": null}, "evidence_turns": [2], "source_role": "user"}
 ], "disambiguation_context": ""}"#;
 
+/// `(session id, date, [(speaker, text)])`.
+type SessionScript = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
 struct World {
     _dir: tempfile::TempDir,
     store: Store,
@@ -39,7 +46,7 @@ fn world() -> &'static World {
         let ns = Namespace::new("friends").unwrap();
         let encoder_llm = Arc::new(ScriptedLlm::new(&[S1_RECORDS, S2_RECORDS]));
         let encoder = SegmentEncoder::new(encoder_llm, EncodeConfig::default());
-        let sessions: [(&str, &str, &[(&str, &str)]); 2] = [
+        let sessions: [SessionScript; 2] = [
             (
                 "s1",
                 "8 May 2023",

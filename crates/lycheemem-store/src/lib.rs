@@ -52,7 +52,7 @@ mod types;
 mod vectors;
 
 pub use store::Store;
-pub use transfer::{ExportOptions, ImportReceipt};
+pub use transfer::{EmbedFn, ExportOptions, ImportReceipt};
 pub use types::{
     DeleteReceipt, Hit, ItemRef, NamespaceStats, SegmentOutcome, SegmentRow, SegmentWrite,
     SessionInfo, StoreOptions, Target, VectorQuery, WriteReceipt,

@@ -16,6 +16,9 @@ use crate::store::Store;
 use crate::tables::*;
 use crate::types::{SegmentRow, SessionInfo, Target};
 
+/// Computes unit vectors for texts (the caller's embedder).
+pub type EmbedFn = dyn Fn(&[String]) -> Result<Vec<Vec<f32>>>;
+
 const FORMAT: &str = "lycheemem-export";
 const VERSION: u32 = 1;
 
@@ -173,7 +176,7 @@ impl Store {
         &self,
         ns: &Namespace,
         input: &mut dyn BufRead,
-        embed: Option<&dyn Fn(&[String]) -> Result<Vec<Vec<f32>>>>,
+        embed: Option<&EmbedFn>,
     ) -> Result<ImportReceipt> {
         if !self.sessions(ns)?.is_empty() {
             return Err(Error::InvalidInput(format!(

@@ -514,28 +514,40 @@ impl Memory {
         }
     }
 
-    pub fn delete_record(&self, ns: &Namespace, record_id: &str) -> Result<DeleteReceipt> {
+    /// Runs a record or session delete; "not found" when it removed nothing; then re-embeds
+    /// the nodes the cascade rewrote.
+    fn delete_then_reembed(
+        &self,
+        ns: &Namespace,
+        what: String,
+        delete: impl FnOnce(&Store) -> Result<DeleteReceipt>,
+        removed: impl Fn(&DeleteReceipt) -> u64,
+    ) -> Result<DeleteReceipt> {
         let _guard = self.lock();
-        let r = self.store.delete_record(ns, record_id)?;
-        if r.records == 0 {
-            return Err(Error::NotFound(format!(
-                "record {record_id} in namespace {ns}"
-            )));
+        let r = delete(&self.store)?;
+        if removed(&r) == 0 {
+            return Err(Error::NotFound(format!("{what} in namespace {ns}")));
         }
         self.reembed_pending(ns)?;
         Ok(r)
     }
 
+    pub fn delete_record(&self, ns: &Namespace, record_id: &str) -> Result<DeleteReceipt> {
+        self.delete_then_reembed(
+            ns,
+            format!("record {record_id}"),
+            |s| s.delete_record(ns, record_id),
+            |r| r.records,
+        )
+    }
+
     pub fn delete_session(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
-        let _guard = self.lock();
-        let r = self.store.delete_session(ns, session)?;
-        if r.sessions == 0 {
-            return Err(Error::NotFound(format!(
-                "session {session} in namespace {ns}"
-            )));
-        }
-        self.reembed_pending(ns)?;
-        Ok(r)
+        self.delete_then_reembed(
+            ns,
+            format!("session {session}"),
+            |s| s.delete_session(ns, session),
+            |r| r.sessions,
+        )
     }
 
     pub fn delete_namespace(&self, ns: &Namespace) -> Result<DeleteReceipt> {

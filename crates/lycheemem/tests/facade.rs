@@ -279,3 +279,57 @@ fn deletes_rederive_and_bad_input() {
     assert!(receipt.turns > 0);
     assert!(memory.stats(&ns).is_err());
 }
+
+#[test]
+fn a_real_small_model_runs_the_whole_pipeline() {
+    // SmolLM2-135M for every purpose: only the structure is asserted (the model is tiny).
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    lycheemem_testkit::model_dir("smollm2-135m-instruct");
+    let store = lycheemem_models::ModelStore::open(&models).unwrap();
+    let llm = lycheemem_llm::open_llm(
+        "local:smollm2-135m-instruct",
+        &store,
+        lycheemem_llm::LocalOptions::default(),
+    )
+    .unwrap();
+    let components = Components {
+        embedder: embedder(),
+        reranker: None,
+        encode_llm: llm.clone(),
+        plan_llm: llm.clone(),
+        answer_llm: llm,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::default();
+    cfg.encode.max_output_tokens = 384;
+    cfg.answer.max_output_tokens = 48;
+    let memory = Memory::with_components(dir.path(), cfg, components).unwrap();
+    let ns = Namespace::new("small").unwrap();
+    let s = SessionId::new("s1").unwrap();
+    memory
+        .add_turns(
+            &ns,
+            &s,
+            Some("2024-03-01"),
+            vec![
+                NewTurn::user("I adopted a beagle called Rex yesterday."),
+                NewTurn::assistant("Congratulations on adopting Rex!"),
+            ],
+        )
+        .unwrap();
+    let receipt = memory.flush(&ns, &s).unwrap();
+    assert!(!receipt.segments.is_empty());
+    let stats = memory.stats(&ns).unwrap();
+    assert_eq!(stats.turns, 2);
+    assert!(stats.segments >= 1);
+    let answer = memory
+        .answer(&ns, "What is my dog's name?", &QueryOptions::default())
+        .unwrap();
+    assert!(!answer.text.is_empty());
+    assert!(
+        !answer.evidence().is_empty(),
+        "raw turns are searchable even if encoding failed"
+    );
+    assert_eq!(answer.usage.last().unwrap().purpose, Purpose::Answer);
+    assert!(answer.tokens() > 0);
+}

@@ -40,7 +40,7 @@ pub fn turn(session: &str, index: u32, text: &str) -> Turn {
     Turn {
         session: sid(session),
         index,
-        role: if index % 2 == 0 {
+        role: if index.is_multiple_of(2) {
             Role::User
         } else {
             Role::Assistant
