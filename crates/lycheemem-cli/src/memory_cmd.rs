@@ -175,8 +175,18 @@ pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
         total,
         "{spinner} [{bar:30}] {pos}/{len} turns  {msg}  eta {eta}",
     );
-    let (mut segments, mut records, mut failed, mut calls, mut tokens, mut exchanges) =
-        (0, 0, 0, 0, 0, 0);
+    let mut sum = lycheemem::IngestReceipt::default();
+    let describe = |r: &lycheemem::IngestReceipt| {
+        format!(
+            "{} exchanges → {} segments ({} failed) → {} records; {} encode calls, {} tokens",
+            r.exchanges,
+            r.segments.len(),
+            r.failed_segments,
+            r.records,
+            r.encode_calls,
+            r.encode_tokens
+        )
+    };
     for conv in conversations {
         let ns = match &conv.namespace_suffix {
             Some(s) => Namespace::new(format!("{base}.{}", sanitize(s)))?,
@@ -190,31 +200,20 @@ pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
                     .add_turns(&ns, &sid, date.take().as_deref(), chunk.to_vec())
                     .with_context(|| format!("session {} of namespace {ns}", session.id))?;
                 progress.inc(chunk.len() as u64);
-                exchanges += r.exchanges;
-                segments += r.segments.len();
-                records += r.records;
-                failed += r.failed_segments;
-                calls += r.encode_calls;
-                tokens += r.encode_tokens;
-                progress.set_message(format!(
-                    "{exchanges} exchanges, {segments} segments encoded ({failed} failed), {records} records, {tokens} tokens"
-                ));
+                sum.merge(r);
+                progress.set_message(describe(&sum));
             }
             if !args.no_flush {
-                let r = memory.flush(&ns, &sid)?;
-                exchanges += r.exchanges;
-                segments += r.segments.len();
-                records += r.records;
-                failed += r.failed_segments;
-                calls += r.encode_calls;
-                tokens += r.encode_tokens;
+                sum.merge(memory.flush(&ns, &sid)?);
             }
         }
     }
     progress.finish_and_clear();
     println!(
-        "ingested {total} turns in {:.1?}: {exchanges} exchanges → {segments} segments ({failed} failed) → {records} records; {calls} encode calls, {tokens} tokens (per-exchange encoding would have made {exchanges} calls)",
-        started.elapsed()
+        "ingested {total} turns in {:.1?}: {} (per-exchange encoding would have made {} calls)",
+        started.elapsed(),
+        describe(&sum),
+        sum.exchanges
     );
     Ok(())
 }
@@ -321,6 +320,16 @@ pub fn search(models_dir: &Path, args: AskArgs) -> Result<()> {
     Ok(())
 }
 
+/// The store and namespace of a models-free command; the namespace must hold memory.
+fn store_and_namespace(args: &MemoryArgs) -> Result<(lycheemem_store::Store, Namespace)> {
+    let store = open_store(args)?;
+    let ns = args.namespace()?;
+    if store.sessions(&ns)?.is_empty() {
+        bail!("namespace {ns} has no memory in {}", args.store.display());
+    }
+    Ok((store, ns))
+}
+
 /// Opens only the store (no models) for read-only inspection.
 fn open_store(args: &MemoryArgs) -> Result<lycheemem_store::Store> {
     if !args.store.join("store.redb").exists() {
@@ -338,14 +347,7 @@ fn open_store(args: &MemoryArgs) -> Result<lycheemem_store::Store> {
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
-    let store = open_store(&args.memory)?;
-    let ns = args.memory.namespace()?;
-    if store.sessions(&ns)?.is_empty() {
-        bail!(
-            "namespace {ns} has no memory in {}",
-            args.memory.store.display()
-        );
-    }
+    let (store, ns) = store_and_namespace(&args.memory)?;
     match args.what {
         InspectWhat::Sessions => {
             for s in store.sessions(&ns)? {
@@ -428,11 +430,7 @@ pub fn delete(models_dir: &Path, args: DeleteArgs) -> Result<()> {
 }
 
 pub fn export(args: ExportArgs) -> Result<()> {
-    let store = open_store(&args.memory)?;
-    let ns = args.memory.namespace()?;
-    if store.sessions(&ns)?.is_empty() {
-        bail!("namespace {ns} has no memory to export");
-    }
+    let (store, ns) = store_and_namespace(&args.memory)?;
     let tmp = args.out.with_extension("partial");
     let mut file = std::io::BufWriter::new(
         std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?,
@@ -462,14 +460,7 @@ pub fn import(models_dir: &Path, args: ImportArgs) -> Result<()> {
 }
 
 pub fn stats(args: StatsArgs) -> Result<()> {
-    let store = open_store(&args.memory)?;
-    let ns = args.memory.namespace()?;
-    if store.sessions(&ns)?.is_empty() {
-        bail!(
-            "namespace {ns} has no memory in {}",
-            args.memory.store.display()
-        );
-    }
+    let (store, ns) = store_and_namespace(&args.memory)?;
     let stats = store.stats(&ns)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&stats)?);

@@ -29,34 +29,34 @@ fn segment(session: &SessionId, first: u32, last: u32) -> Segment {
     }
 }
 
-#[test]
-fn segments_become_records_nodes_and_reference_context() {
+/// A store with session `s1` of namespace `alice` holding `texts` as alternating user /
+/// assistant turns, embedded by the bag-of-words embedder.
+fn store_with_turns(
+    dims: usize,
+    date: Option<&str>,
+    texts: &[&str],
+) -> (tempfile::TempDir, Store, HashEmbedder) {
     let dir = tempfile::tempdir().unwrap();
-    let embedder = HashEmbedder::new(32);
-    let store = Store::open(dir.path(), StoreOptions::new(32)).unwrap();
+    let embedder = HashEmbedder::new(dims);
+    let store = Store::open(dir.path(), StoreOptions::new(dims)).unwrap();
     let ns = Namespace::new("alice").unwrap();
     let s = SessionId::new("s1").unwrap();
     store
-        .put_session(&ns, SessionInfo::new(s.clone(), Some("8 May, 2023".into())))
+        .put_session(&ns, SessionInfo::new(s.clone(), date.map(String::from)))
         .unwrap();
-    let texts = [
-        "I adopted a dog yesterday!",
-        "Congratulations, what's his name?",
-        "Rex. I walk him every morning.",
-        "Lovely routine.",
-    ];
     let turns = texts
         .iter()
         .enumerate()
         .map(|(i, t)| {
+            let role = if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            };
             let turn = Turn {
                 session: s.clone(),
                 index: i as u32,
-                role: if i % 2 == 0 {
-                    Role::User
-                } else {
-                    Role::Assistant
-                },
+                role,
                 speaker: None,
                 text: t.to_string(),
                 time: None,
@@ -65,6 +65,23 @@ fn segments_become_records_nodes_and_reference_context() {
         })
         .collect();
     store.add_turns(&ns, turns).unwrap();
+    (dir, store, embedder)
+}
+
+#[test]
+fn segments_become_records_nodes_and_reference_context() {
+    let (_dir, store, embedder) = store_with_turns(
+        32,
+        Some("8 May, 2023"),
+        &[
+            "I adopted a dog yesterday!",
+            "Congratulations, what's his name?",
+            "Rex. I walk him every morning.",
+            "Lovely routine.",
+        ],
+    );
+    let ns = Namespace::new("alice").unwrap();
+    let s = SessionId::new("s1").unwrap();
 
     let llm = Arc::new(ScriptedLlm::new(&[
         FIRST,
@@ -185,27 +202,11 @@ fn segments_become_records_nodes_and_reference_context() {
 
 #[test]
 fn output_budget_grows_with_the_segment_and_truncated_replies_keep_complete_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let embedder = HashEmbedder::new(16);
-    let store = Store::open(dir.path(), StoreOptions::new(16)).unwrap();
-    let ns = Namespace::new("n").unwrap();
-    let s = SessionId::new("s").unwrap();
-    let turns = (0..6)
-        .map(|i| {
-            (
-                Turn {
-                    session: s.clone(),
-                    index: i,
-                    role: Role::User,
-                    speaker: None,
-                    text: format!("turn {i}"),
-                    time: None,
-                },
-                None,
-            )
-        })
-        .collect();
-    store.add_turns(&ns, turns).unwrap();
+    let texts: Vec<String> = (0..6).map(|i| format!("turn {i}")).collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let (_dir, store, embedder) = store_with_turns(16, None, &texts);
+    let ns = Namespace::new("alice").unwrap();
+    let s = SessionId::new("s1").unwrap();
     // Two complete records (one with braces inside a string), then the reply is cut off.
     let cut = r#"{"records": [
  {"memory_type": "fact", "semantic_text": "Rex is a beagle.", "entities": ["Rex"], "tags": [], "temporal": {"t_ref": null, "t_valid_from": null, "t_valid_to": null}, "evidence_turns": [0], "source_role": "user"},

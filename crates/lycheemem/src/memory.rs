@@ -92,7 +92,8 @@ pub struct IngestReceipt {
 }
 
 impl IngestReceipt {
-    fn add(&mut self, other: IngestReceipt) {
+    /// Adds another receipt's counts to this one.
+    pub fn merge(&mut self, other: IngestReceipt) {
         self.turns_stored += other.turns_stored;
         self.exchanges += other.exchanges;
         self.segments.extend(other.segments);
@@ -220,6 +221,15 @@ impl Memory {
         &self.config
     }
 
+    /// Embeds texts in one batch (none for an empty list).
+    fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        self.components.embedder.embed(&refs)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.ingest.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -279,12 +289,7 @@ impl Memory {
             .iter()
             .map(|t| format!("{}: {}", t.author(), t.text))
             .collect();
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let vectors = if refs.is_empty() {
-            Vec::new()
-        } else {
-            self.components.embedder.embed(&refs)?
-        };
+        let vectors = self.embed(&texts)?;
         let n = stored.len() as u64;
         // Durable before any LLM work.
         self.store.add_turns(
@@ -364,12 +369,7 @@ impl Memory {
             .iter()
             .map(|e| e.embedding_text(head_tail))
             .collect();
-        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let vectors = if refs.is_empty() {
-            Vec::new()
-        } else {
-            self.components.embedder.embed(&refs)?
-        };
+        let vectors = self.embed(&texts)?;
         for vector in vectors {
             let Some(ex) = state.queue.pop_front() else {
                 break;
@@ -386,11 +386,11 @@ impl Memory {
             };
             let (segments, _decision) = self.segmenter.push(&mut state.segmenter, input);
             for seg in segments {
-                receipt.add(self.encode_and_commit(ns, &seg, &state)?);
+                receipt.merge(self.encode_and_commit(ns, &seg, &state)?);
             }
         }
         if flush && let Some(seg) = self.segmenter.flush(&mut state.segmenter) {
-            receipt.add(self.encode_and_commit(ns, &seg, &state)?);
+            receipt.merge(self.encode_and_commit(ns, &seg, &state)?);
         }
         self.store
             .put_state(ns, session, INGEST_STATE, &Self::state_value(&state)?)?;
@@ -617,7 +617,7 @@ impl Memory {
             self.store.clear_session_derived(ns, &s.id)?;
         }
         for s in &sessions {
-            report.ingest.add(self.advance(ns, &s.id, true)?);
+            report.ingest.merge(self.advance(ns, &s.id, true)?);
         }
         let after: BTreeSet<String> = self
             .store
