@@ -4,6 +4,7 @@
 mod bench_embed;
 mod bench_encode;
 mod bench_llm;
+mod bench_retrieve;
 mod bench_segment;
 mod bench_store;
 mod conversation_formats;
@@ -13,6 +14,7 @@ mod memory_cmd;
 mod models_cmd;
 mod reference_run;
 mod settings;
+mod synthetic;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -80,6 +82,8 @@ enum BenchWhat {
     Encode(bench_encode::BenchEncodeArgs),
     /// Store: insert throughput, vector search latency and recall vs exact search, BM25, reopen.
     Store(bench_store::BenchStoreArgs),
+    /// Retrieval latency without the planner on synthetic 10k–100k record stores, per stage.
+    Retrieve(bench_retrieve::BenchRetrieveArgs),
 }
 
 fn main() -> ExitCode {
@@ -114,6 +118,9 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchWhat::Store(args),
         } => bench_store::run(args),
+        Command::Bench {
+            what: BenchWhat::Retrieve(args),
+        } => bench_retrieve::run(&models_dir, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

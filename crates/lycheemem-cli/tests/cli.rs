@@ -231,3 +231,25 @@ fn memory_command_mistakes_are_one_clear_line() {
     let stderr = stderr_of(memory_cmd(&tmp.path().join("elsewhere"), &url).args(["stats"]));
     assert!(stderr.contains("no store"), "{stderr}");
 }
+
+#[test]
+fn demo_runs_to_completion_with_a_small_model() {
+    // The README's main job, with SmolLM2-135M instead of the default Qwen 0.5B to keep CI fast.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = lycheemem()
+        .args([
+            "demo",
+            "--llm",
+            "local:smollm2-135m-instruct",
+            "--store",
+            tmp.path().join("demo").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(stdout.matches("\nQ (").count(), 5, "{stdout}");
+    assert_eq!(stdout.matches("\nreceipt: ").count(), 5, "{stdout}");
+    assert!(stdout.contains("construction: "), "{stdout}");
+}

@@ -152,15 +152,15 @@ pub fn select(
     let mut mmr_scores: Vec<f32> = Vec::new();
     let mut raw_count = 0usize;
     let mut covered: BTreeSet<String> = BTreeSet::new();
-    let objective = |i: usize, chosen: &[usize]| -> f32 {
-        if !cfg.mmr {
-            return pool[i].final_score;
+    // Each pool item's similarity to its nearest chosen item, updated after every pick.
+    let mut max_sim = vec![0f64; pool.len()];
+    let objective = |i: usize, max_sim: &[f64]| -> f32 {
+        if cfg.mmr {
+            (cfg.mmr_relevance * f64::from(pool[i].final_score) - cfg.mmr_redundancy * max_sim[i])
+                as f32
+        } else {
+            pool[i].final_score
         }
-        let max_sim = chosen
-            .iter()
-            .map(|j| similarity(&signatures[i], &signatures[*j], &cfg.similarity))
-            .fold(0.0f64, f64::max);
-        (cfg.mmr_relevance * f64::from(pool[i].final_score) - cfg.mmr_redundancy * max_sim) as f32
     };
     let admissible = |i: usize, raw_count: usize, covered: &BTreeSet<String>| -> bool {
         let f = &pool[i];
@@ -170,60 +170,39 @@ pub fn select(
         let covers_new_route = f.routes.iter().any(|r| !covered.contains(r));
         (raw_count < raw_budget && f.final_score >= raw_floor) || covers_new_route
     };
-    let pick = |candidates: &mut dyn Iterator<Item = usize>,
-                chosen: &mut Vec<usize>,
-                mmr_scores: &mut Vec<f32>,
-                raw_count: &mut usize,
-                covered: &mut BTreeSet<String>|
-     -> bool {
-        let best = candidates
-            .filter(|i| !chosen.contains(i) && admissible(*i, *raw_count, covered))
-            .map(|i| (i, objective(i, chosen)))
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
-        match best {
-            Some((i, score)) => {
-                chosen.push(i);
-                mmr_scores.push(score);
-                if pool[i].candidate.is_raw() {
-                    *raw_count += 1;
-                }
-                covered.extend(pool[i].routes.iter().cloned());
-                true
+    let mut pick =
+        |only_route: Option<&String>, chosen: &mut Vec<usize>, max_sim: &mut Vec<f64>| -> bool {
+            let best = (0..pool.len())
+                .filter(|i| only_route.is_none_or(|r| pool[*i].routes.contains(r)))
+                .filter(|i| !chosen.contains(i) && admissible(*i, raw_count, &covered))
+                .map(|i| (i, objective(i, max_sim)))
+                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+            let Some((i, score)) = best else {
+                return false;
+            };
+            chosen.push(i);
+            mmr_scores.push(score);
+            if pool[i].candidate.is_raw() {
+                raw_count += 1;
             }
-            None => false,
-        }
-    };
+            covered.extend(pool[i].routes.iter().cloned());
+            if cfg.mmr {
+                for (j, m) in max_sim.iter_mut().enumerate() {
+                    *m = m.max(similarity(&signatures[j], &signatures[i], &cfg.similarity));
+                }
+            }
+            true
+        };
     // Route quotas, route by route.
     for route in route_ids {
         for _ in 0..quota {
-            if chosen.len() >= k {
-                break;
-            }
-            let mut of_route = (0..pool.len()).filter(|i| pool[*i].routes.contains(route));
-            if !pick(
-                &mut of_route,
-                &mut chosen,
-                &mut mmr_scores,
-                &mut raw_count,
-                &mut covered,
-            ) {
+            if chosen.len() >= k || !pick(Some(route), &mut chosen, &mut max_sim) {
                 break;
             }
         }
     }
     // Then the rest.
-    while chosen.len() < k {
-        let mut all = 0..pool.len();
-        if !pick(
-            &mut all,
-            &mut chosen,
-            &mut mmr_scores,
-            &mut raw_count,
-            &mut covered,
-        ) {
-            break;
-        }
-    }
+    while chosen.len() < k && pick(None, &mut chosen, &mut max_sim) {}
     chosen
         .into_iter()
         .zip(mmr_scores)

@@ -59,6 +59,8 @@ pub struct SearchResult {
     pub usage: Vec<TokenUsage>,
     /// The final k.
     pub k: usize,
+    /// Milliseconds per stage: `plan`, `embed`, `recall`, `score`, `fusion`.
+    pub timings: std::collections::BTreeMap<&'static str, f64>,
 }
 
 impl SearchResult {
@@ -124,6 +126,8 @@ pub struct SearchRequest<'a> {
     pub reference_date: Option<&'a str>,
     /// Requested k; the effective k is `max(top_k, min_top_k)`.
     pub top_k: usize,
+    /// A plan made elsewhere (skips the planner call).
+    pub plan: Option<&'a Plan>,
 }
 
 /// The components retrieval runs on; backends are chosen by the caller's config.
@@ -145,8 +149,15 @@ impl Retriever<'_> {
         }
         let cfg = self.cfg;
         let k = req.top_k.max(cfg.min_top_k).max(1);
-        let outcome = match self.planner {
-            Some(llm) if cfg.planner => {
+        let mut timings = std::collections::BTreeMap::new();
+        let clock = std::time::Instant::now();
+        let outcome = match (req.plan, self.planner) {
+            (Some(plan), _) => PlanOutcome {
+                plan: plan.clone(),
+                fallback: None,
+                usage: None,
+            },
+            (None, Some(llm)) if cfg.planner => {
                 planner::plan(llm, question, req.context, req.reference_date, cfg)
             }
             _ => PlanOutcome {
@@ -155,6 +166,7 @@ impl Retriever<'_> {
                 usage: None,
             },
         };
+        timings.insert("plan", clock.elapsed().as_secs_f64() * 1e3);
         let plan = outcome.plan;
         let ctx = route::RouteContext {
             store: self.store,
@@ -166,13 +178,22 @@ impl Retriever<'_> {
             k,
         };
         let mut lists: Vec<(String, Vec<candidate::Scored>)> = Vec::new();
+        let (mut embed_ms, mut recall_ms, mut score_ms) = (0.0, 0.0, 0.0);
         for r in &plan.routes {
+            let clock = std::time::Instant::now();
             let texts = route::variants(question, r, cfg.max_variants);
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let vectors = self.embedder.embed(&refs)?;
-            let list = route::run_route(&ctx, r, &texts, &vectors)?;
+            embed_ms += clock.elapsed().as_secs_f64() * 1e3;
+            let (list, t) = route::run_route_timed(&ctx, r, &texts, &vectors)?;
+            recall_ms += t.recall_ms;
+            score_ms += t.score_ms;
             lists.push((r.route_id.clone(), list));
         }
+        timings.insert("embed", embed_ms);
+        timings.insert("recall", recall_ms);
+        timings.insert("score", score_ms);
+        let clock = std::time::Instant::now();
         let route_ids: Vec<String> = plan.routes.iter().map(|r| r.route_id.clone()).collect();
         let selected = if cfg.fusion {
             fusion::select(
@@ -185,6 +206,7 @@ impl Retriever<'_> {
         } else {
             fusion::raw_field_top_k(&lists, k)
         };
+        timings.insert("fusion", clock.elapsed().as_secs_f64() * 1e3);
         let evidence = selected
             .into_iter()
             .map(|s| {
@@ -216,6 +238,7 @@ impl Retriever<'_> {
             evidence,
             usage: outcome.usage.into_iter().collect(),
             k,
+            timings,
         })
     }
 }

@@ -32,6 +32,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::candidate::{Scored, r_of};
 
+/// Nodes with more records than this are expanded through a restricted vector search rather
+/// than by scoring every member.
+const LARGE_NODE: usize = 256;
+
 /// Everything a route needs besides the route itself.
 pub struct RouteContext<'a> {
     pub store: &'a Store,
@@ -137,6 +141,25 @@ pub fn run_route(
     variant_texts: &[String],
     variant_vectors: &[Vec<f32>],
 ) -> Result<Vec<Scored>> {
+    run_route_timed(ctx, route, variant_texts, variant_vectors).map(|(c, _)| c)
+}
+
+/// Milliseconds spent in a route's recall (channels, node expansion) and scoring (resolving,
+/// bonuses, windows, rerank).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RouteTimings {
+    pub recall_ms: f64,
+    pub score_ms: f64,
+}
+
+/// [`run_route`] with its stage timings.
+pub fn run_route_timed(
+    ctx: &RouteContext<'_>,
+    route: &Route,
+    variant_texts: &[String],
+    variant_vectors: &[Vec<f32>],
+) -> Result<(Vec<Scored>, RouteTimings)> {
+    let started = std::time::Instant::now();
     let cfg = ctx.cfg;
     let profile = cfg.types.get(ctx.question_type);
     let k = ctx.k;
@@ -268,7 +291,9 @@ pub fn run_route(
         }
     }
 
-    // Resolve node hits into records with their own similarity.
+    // Expand node hits to their records, scored by the records' own similarity. Small nodes
+    // are scored exactly from one batch of vectors; large ones (a main speaker's entity node
+    // can link thousands of records) through a vector search restricted to their members.
     if !node_hits.is_empty() {
         let mut ids: Vec<String> = node_hits.iter().map(|(id, _, _)| id.clone()).collect();
         ids.sort();
@@ -279,16 +304,16 @@ pub fn run_route(
             .into_iter()
             .map(|n| (n.node_id.clone(), n))
             .collect();
-        let mut record_ids: Vec<String> = nodes
+        let mut small: Vec<String> = nodes
             .values()
+            .filter(|n| n.record_ids.len() <= LARGE_NODE)
             .flat_map(|n| n.record_ids.iter().cloned())
             .collect();
-        record_ids.sort();
-        record_ids.dedup();
-        let items: Vec<ItemRef> = record_ids.iter().cloned().map(ItemRef::Record).collect();
-        let vectors: HashMap<String, Vec<f32>> = record_ids
-            .iter()
-            .cloned()
+        small.sort();
+        small.dedup();
+        let items: Vec<ItemRef> = small.iter().cloned().map(ItemRef::Record).collect();
+        let vectors: HashMap<String, Vec<f32>> = small
+            .into_iter()
             .zip(ctx.store.vectors(ctx.ns, &items)?)
             .filter_map(|(id, v)| v.map(|v| (id, v)))
             .collect();
@@ -296,24 +321,35 @@ pub fn run_route(
             let Some(node) = nodes.get(node_id) else {
                 continue;
             };
-            // Expand to the node's records most similar to this variant (bounded).
-            let mut scored: Vec<(f32, &String)> = node
-                .record_ids
-                .iter()
-                .map(|id| {
-                    (
+            let query = &variant_vectors[*vi];
+            let scored: Vec<(f32, String)> = if node.record_ids.len() <= LARGE_NODE {
+                let mut s: Vec<(f32, String)> = node
+                    .record_ids
+                    .iter()
+                    .filter_map(|id| {
                         vectors
                             .get(id)
-                            .map_or(0.0, |v| r_of(cosine(v, &variant_vectors[*vi]))),
-                        id,
-                    )
-                })
-                .collect();
-            scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-            for (r, id) in scored.into_iter().take(rec_n) {
+                            .map(|v| (r_of(cosine(v, query)), id.clone()))
+                    })
+                    .collect();
+                s.sort_by(|a, b| b.0.total_cmp(&a.0));
+                s.truncate(rec_n);
+                s
+            } else {
+                let members: Vec<String> = node.record_ids.iter().cloned().collect();
+                ctx.store
+                    .vector_search_within(ctx.ns, Target::Record, query, rec_n, &members)?
+                    .into_iter()
+                    .filter_map(|h| match h.item {
+                        ItemRef::Record(id) => Some((r_of(h.score), id)),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            for (r, id) in scored {
                 let field = node_weight(*kind, cfg) + cfg.record_scale * f64::from(r);
                 pool.hit(
-                    record_target(id),
+                    record_target(&id),
                     field as f32,
                     Channel::EvidenceNode,
                     Some(*vi),
@@ -325,6 +361,7 @@ pub fn run_route(
     }
 
     let mut candidates: Vec<Scored> = pool.items.into_values().collect();
+    let recall_ms = started.elapsed().as_secs_f64() * 1e3;
     resolve(ctx, &mut candidates, variant_vectors, profile)?;
     apply_bonuses(ctx, &mut candidates, filter);
     let mut candidates = add_windows(ctx, candidates, variant_vectors, profile, rid)?;
@@ -344,7 +381,14 @@ pub fn run_route(
             .total_cmp(&a.route_score)
             .then(a.target.cmp(&b.target))
     });
-    Ok(candidates)
+    let score_ms = started.elapsed().as_secs_f64() * 1e3 - recall_ms;
+    Ok((
+        candidates,
+        RouteTimings {
+            recall_ms,
+            score_ms,
+        },
+    ))
 }
 
 /// Fills in each candidate's item info and its best similarity `r` over the variants; drops

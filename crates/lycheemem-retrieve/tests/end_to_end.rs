@@ -160,6 +160,7 @@ fn search(
         context: "",
         reference_date: Some("2023-06-21"),
         top_k: 5,
+        plan: None,
     };
     (retriever.search(&w.ns, &req).unwrap(), planner)
 }

@@ -6,7 +6,7 @@ use lycheemem_core::{
     Error, EvidenceNode, Namespace, NodeKind, Record, Result, SessionId, Turn, TurnRef, UsageTotals,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableHandle};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
@@ -51,6 +51,7 @@ pub(crate) struct Writer<'t> {
     usage: Table<'t, &'static [u8], &'static [u8]>,
     vectors: Table<'t, &'static [u8], &'static [u8]>,
     keys: Table<'t, &'static [u8], &'static str>,
+    id_keys: Table<'t, &'static [u8], u64>,
     pending: Table<'t, &'static [u8], ()>,
     changes: Table<'t, u64, &'static [u8]>,
     counters: Table<'t, &'static str, u64>,
@@ -83,6 +84,7 @@ impl<'t> Writer<'t> {
             usage: txn.open_table(USAGE).map_err(db_err)?,
             vectors: txn.open_table(VECTORS).map_err(db_err)?,
             keys: txn.open_table(KEYS).map_err(db_err)?,
+            id_keys: txn.open_table(ID_KEYS).map_err(db_err)?,
             pending: txn.open_table(PENDING).map_err(db_err)?,
             changes: txn.open_table(CHANGES).map_err(db_err)?,
             counters,
@@ -146,6 +148,7 @@ impl<'t> Writer<'t> {
         let vkey = keys::vector(ns, target, key);
         self.keys.insert(vkey.as_slice(), id).map_err(db_err)?;
         let pkey = keys::pending(ns, target, id);
+        self.id_keys.insert(pkey.as_slice(), key).map_err(db_err)?;
         match vector {
             Some(v) => {
                 self.check_vector(v)?;
@@ -168,6 +171,7 @@ impl<'t> Writer<'t> {
         self.keys.remove(vkey.as_slice()).map_err(db_err)?;
         let pkey = keys::pending(ns, target, id);
         self.pending.remove(pkey.as_slice()).map_err(db_err)?;
+        self.id_keys.remove(pkey.as_slice()).map_err(db_err)?;
         Ok(self
             .vectors
             .remove(vkey.as_slice())
@@ -595,6 +599,7 @@ impl<'t> Writer<'t> {
         receipt.usage_entries = drain(&mut self.usage, range.clone())?;
         receipt.vectors = drain(&mut self.vectors, range.clone())?;
         drain(&mut self.keys, range.clone())?;
+        drain(&mut self.id_keys, range.clone())?;
         drain(&mut self.pending, range)?;
         self.log(&Change::DropNamespace { ns: ns.to_string() })?;
         Ok(receipt)
@@ -627,6 +632,18 @@ impl<'t> Writer<'t> {
         self.set_vector(ns, target, key, &id, Some(vector))?;
         self.log_item(ns, target, &id, key)?;
         Ok(true)
+    }
+}
+
+/// The index target of an item (a node's kind is the prefix of its id).
+fn item_target(item: &ItemRef) -> Target {
+    match item {
+        ItemRef::Record(_) => Target::Record,
+        ItemRef::Turn(_) => Target::Turn,
+        ItemRef::Node(id) => NodeKind::ALL
+            .into_iter()
+            .find(|k| id.starts_with(&format!("{}:", k.as_str())))
+            .map_or(Target::Node(NodeKind::Entity), Target::Node),
     }
 }
 
@@ -779,6 +796,7 @@ impl Store {
     /// still covers their position, otherwise rebuilds them from the tables.
     fn recover(&self) -> Result<()> {
         let _w = self.write.lock().unwrap_or_else(lock_poisoned);
+        self.backfill_id_keys()?;
         let seq = self.counter("seq")?;
         let floor = self.counter("log_floor")?;
         let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
@@ -797,6 +815,35 @@ impl Store {
             self.checkpoint_locked(&mut vectors, &mut text)?;
         }
         Ok(())
+    }
+
+    /// Stores written before the id → key table existed get it filled from the key → id table.
+    fn backfill_id_keys(&self) -> Result<()> {
+        if self.counter("id_keys_filled")? == 1 {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let key_table = txn.open_table(KEYS).map_err(db_err)?;
+            let mut id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
+            for entry in key_table.iter().map_err(db_err)? {
+                let (k, id) = entry.map_err(db_err)?;
+                let k = k.value();
+                let Some(ns) = key_namespace(k) else { continue };
+                let rest = &k[ns.len() + 1..];
+                if rest.len() != 9 {
+                    continue;
+                }
+                let mut id_key = k[..ns.len() + 2].to_vec();
+                id_key.extend_from_slice(id.value().as_bytes());
+                id_keys
+                    .insert(id_key.as_slice(), keys::be_u64(&rest[1..]))
+                    .map_err(db_err)?;
+            }
+            let mut counters = txn.open_table(COUNTERS).map_err(db_err)?;
+            counters.insert("id_keys_filled", 1).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)
     }
 
     fn rebuild_vectors(&self, vectors: &mut VectorIndexes, seq: u64) -> Result<()> {
@@ -1363,28 +1410,18 @@ impl Store {
     /// Stored vectors of items (`None` where an item or its vector is missing).
     pub fn vectors(&self, ns: &Namespace, items: &[ItemRef]) -> Result<Vec<Option<Vec<f32>>>> {
         let txn = self.read()?;
-        let records = txn.open_table(RECORDS).map_err(db_err)?;
-        let nodes = txn.open_table(NODES).map_err(db_err)?;
-        let turns = txn.open_table(TURNS).map_err(db_err)?;
+        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
         let vectors = txn.open_table(VECTORS).map_err(db_err)?;
         let mut out = Vec::with_capacity(items.len());
         for item in items {
-            let tk = match item {
-                ItemRef::Record(id) => {
-                    get_json::<RecordRow>(&records, &keys::ns_str(ns, id), "record")?
-                        .map(|r| (Target::Record, r.key))
-                }
-                ItemRef::Node(id) => get_json::<NodeRow>(&nodes, &keys::ns_str(ns, id), "node")?
-                    .map(|n| (Target::Node(n.node.kind), n.key)),
-                ItemRef::Turn(t) => get_json::<TurnRow>(
-                    &turns,
-                    &keys::session_index(ns, &t.session, t.index),
-                    "turn",
-                )?
-                .map(|r| (Target::Turn, r.key)),
-            };
-            out.push(match tk {
-                Some((target, key)) => vectors
+            let id = item.id();
+            let target = item_target(item);
+            let key = id_keys
+                .get(keys::pending(ns, target, &id).as_slice())
+                .map_err(db_err)?
+                .map(|k| k.value());
+            out.push(match key {
+                Some(key) => vectors
                     .get(keys::vector(ns, target, key).as_slice())
                     .map_err(db_err)?
                     .map(|v| vector_from_bytes(v.value())),
@@ -1392,6 +1429,65 @@ impl Store {
             });
         }
         Ok(out)
+    }
+
+    /// Nearest neighbours among the given items of one target (e.g. the records of a node):
+    /// exact when the list is small, otherwise a filtered HNSW search with the exact fallback.
+    pub fn vector_search_within(
+        &self,
+        ns: &Namespace,
+        target: Target,
+        vector: &[f32],
+        k: usize,
+        ids: &[String],
+    ) -> Result<Vec<Hit>> {
+        let txn = self.read()?;
+        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
+        let mut allowed = HashSet::with_capacity(ids.len());
+        let mut by_key = HashMap::with_capacity(ids.len());
+        for id in ids {
+            if let Some(k) = id_keys
+                .get(keys::pending(ns, target, id).as_slice())
+                .map_err(db_err)?
+            {
+                allowed.insert(k.value());
+                by_key.insert(k.value(), id.as_str());
+            }
+        }
+        let hits = self.search_allowed(&txn, ns, target, vector, k, &allowed)?;
+        hits.into_iter()
+            .filter_map(|(key, score)| by_key.get(&key).map(|id| (id, score)))
+            .map(|(id, score)| {
+                Ok(Hit {
+                    item: ItemRef::from_id(target, id)?,
+                    target,
+                    score,
+                })
+            })
+            .collect()
+    }
+
+    /// Top-k among `allowed` keys: exact for small sets, else filtered HNSW, falling back to
+    /// exact when the filtered search comes back short.
+    fn search_allowed(
+        &self,
+        txn: &redb::ReadTransaction,
+        ns: &Namespace,
+        target: Target,
+        vector: &[f32],
+        k: usize,
+        allowed: &HashSet<u64>,
+    ) -> Result<Vec<(u64, f32)>> {
+        let approximate = if allowed.len() > self.options.index.exact_search_below {
+            let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
+            Some(vectors.search(ns.as_str(), target, vector, k, Some(allowed))?)
+        } else {
+            None
+        };
+        match approximate {
+            Some(hits) if hits.len() >= k.min(allowed.len()) => Ok(hits),
+            _ => self.exact_search(txn, ns, target, vector, k, allowed),
+        }
     }
 
     /// Index keys of the items of `target` that belong to `session`.
@@ -1463,16 +1559,7 @@ impl Store {
             }
             Some(session) => {
                 let allowed = self.session_keys(&txn, ns, q.target, session)?;
-                let approximate = if allowed.len() > self.options.index.exact_search_below {
-                    let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
-                    Some(vectors.search(ns.as_str(), q.target, &q.vector, q.k, Some(&allowed))?)
-                } else {
-                    None
-                };
-                match approximate {
-                    Some(hits) if hits.len() >= q.k.min(allowed.len()) => hits,
-                    _ => self.exact_search(&txn, ns, q.target, &q.vector, q.k, &allowed)?,
-                }
+                self.search_allowed(&txn, ns, q.target, &q.vector, q.k, &allowed)?
             }
         };
         let key_table = txn.open_table(KEYS).map_err(db_err)?;

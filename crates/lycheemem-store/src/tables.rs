@@ -29,6 +29,8 @@ pub(crate) const USAGE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("us
 pub(crate) const VECTORS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("vectors");
 /// `ns \0 target key` → item id: turns index keys back into items.
 pub(crate) const KEYS: TableDefinition<&[u8], &str> = TableDefinition::new("keys");
+/// `ns \0 target id` → index key: finds an item's vector without decoding its row.
+pub(crate) const ID_KEYS: TableDefinition<&[u8], u64> = TableDefinition::new("id_keys");
 /// `ns \0 target id` → (): items without a current vector.
 pub(crate) const PENDING: TableDefinition<&[u8], ()> = TableDefinition::new("pending_vectors");
 /// seq → [`Change`]: what the derived indexes must apply.

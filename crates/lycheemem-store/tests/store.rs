@@ -576,3 +576,51 @@ fn invalid_utf8_and_huge_text_are_handled() {
     bytes.extend_from_slice(&[0xff, 0xfe, b'\n']);
     assert!(store.import(&ns("b"), &mut bytes.as_slice(), None).is_err());
 }
+
+#[test]
+fn search_within_a_set_of_items_and_vectors_by_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = StoreOptions::new(DIMS);
+    opts.index.exact_search_below = 4;
+    let store = Store::open(dir.path(), opts).unwrap();
+    let a = ns("a");
+    add_turns(&store, &a, "s", 40, 0);
+    let ids: Vec<String> = (10..20).map(|i| format!("s#{i}")).collect();
+    // Exact (≤ 4 allowed) and filtered HNSW (> 4) paths both stay inside the set.
+    for set in [&ids[..3], &ids[..]] {
+        let hits = store
+            .vector_search_within(&a, Target::Turn, &vector(15), 5, set)
+            .unwrap();
+        assert_eq!(hits.len(), 5.min(set.len()));
+        for h in &hits {
+            assert!(set.contains(&match &h.item {
+                ItemRef::Turn(t) => format!("{}#{}", t.session, t.index),
+                _ => unreachable!(),
+            }));
+        }
+    }
+    let top = store
+        .vector_search_within(&a, Target::Turn, &vector(15), 1, &ids)
+        .unwrap();
+    assert_eq!(
+        top[0].item,
+        ItemRef::Turn(TurnRef {
+            session: sid("s"),
+            index: 15
+        })
+    );
+    let v = store
+        .vectors(
+            &a,
+            &[
+                ItemRef::Turn(TurnRef {
+                    session: sid("s"),
+                    index: 7,
+                }),
+                ItemRef::Record("nope".into()),
+            ],
+        )
+        .unwrap();
+    assert_eq!(v[0].as_deref(), Some(vector(7).as_slice()));
+    assert_eq!(v[1], None);
+}

@@ -465,6 +465,7 @@ impl Memory {
             context: &opts.context,
             reference_date: opts.reference_date.as_deref(),
             top_k: opts.top_k,
+            plan: None,
         };
         let result = retriever.search(ns, &req)?;
         if !result.usage.is_empty() {
