@@ -10,12 +10,11 @@ use crate::EvidenceItem;
 
 pub const ANSWER_INSTRUCTIONS: &str = "You answer questions about past conversations using only the evidence given.
 Rules:
-- Answer from the evidence only. Read every item: the answer may be stated in any of them.
+- Answer from the evidence only. If no evidence item contains the answer, reply exactly: I don't have that in memory.
 - Do not double-count: several evidence items may describe the same thing.
 - When the question names a person, answer about that person only; never attribute another person's facts to them.
 - If evidence conflicts, prefer the most recent supported information (latest time or session date).
-- Give dates as absolute dates. Be concise: a short phrase or one or two sentences.
-- If the evidence says nothing about the question, reply: I don't have that in memory.";
+- Give dates as absolute dates. Be concise: a short phrase or one or two sentences.";
 
 fn cut(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
