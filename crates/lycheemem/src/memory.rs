@@ -285,9 +285,17 @@ impl Memory {
                 time: t.time,
             })
             .collect();
+        // The same text a single-turn exchange embeds, so two-speaker logs reuse the turn vector.
+        let head_tail = self.config.segment.embed_head_tail_chars;
         let texts: Vec<String> = stored
             .iter()
-            .map(|t| format!("{}: {}", t.author(), t.text))
+            .map(|t| {
+                format!(
+                    "{}: {}",
+                    t.author(),
+                    lycheemem_core::text::head_and_tail(&t.text, head_tail)
+                )
+            })
             .collect();
         let vectors = self.embed(&texts)?;
         let n = stored.len() as u64;
@@ -362,14 +370,44 @@ impl Memory {
         if flush && let Some(ex) = state.builder.finish() {
             state.queue.push_back(ex);
         }
-        // Embed every queued exchange in one batch.
+        // Single-turn exchanges (two-speaker logs) reuse the stored turn vector; the others are
+        // embedded in one batch.
         let head_tail = self.config.segment.embed_head_tail_chars;
-        let texts: Vec<String> = state
+        let single: Vec<ItemRef> = state
             .queue
             .iter()
-            .map(|e| e.embedding_text(head_tail))
+            .filter(|e| e.turns.len() == 1)
+            .map(|e| {
+                ItemRef::Turn(lycheemem_core::TurnRef {
+                    session: session.clone(),
+                    index: e.turns[0].0,
+                })
+            })
             .collect();
-        let vectors = self.embed(&texts)?;
+        let mut stored = self.store.vectors(ns, &single)?.into_iter();
+        let mut slots: Vec<Option<Vec<f32>>> = state
+            .queue
+            .iter()
+            .map(|e| {
+                if e.turns.len() == 1 {
+                    stored.next().flatten()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let missing: Vec<usize> = (0..slots.len()).filter(|i| slots[*i].is_none()).collect();
+        let texts: Vec<String> = missing
+            .iter()
+            .map(|i| state.queue[*i].embedding_text(head_tail))
+            .collect();
+        for (i, v) in missing.into_iter().zip(self.embed(&texts)?) {
+            slots[i] = Some(v);
+        }
+        let vectors: Vec<Vec<f32>> = slots
+            .into_iter()
+            .map(|v| v.ok_or_else(|| Error::Model("the embedder returned too few vectors".into())))
+            .collect::<Result<_>>()?;
         for vector in vectors {
             let Some(ex) = state.queue.pop_front() else {
                 break;

@@ -333,3 +333,59 @@ fn a_real_small_model_runs_the_whole_pipeline() {
     assert_eq!(answer.usage.last().unwrap().purpose, Purpose::Answer);
     assert!(answer.tokens() > 0);
 }
+
+/// Records every embedded text.
+struct Recording {
+    inner: Arc<dyn Embedder>,
+    texts: std::sync::Mutex<Vec<String>>,
+}
+
+impl Embedder for Recording {
+    fn embed(&self, texts: &[&str]) -> lycheemem_core::Result<Vec<Vec<f32>>> {
+        self.texts
+            .lock()
+            .unwrap()
+            .extend(texts.iter().map(|t| t.to_string()));
+        self.inner.embed(texts)
+    }
+    fn dimension(&self) -> usize {
+        self.inner.dimension()
+    }
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+}
+
+#[test]
+fn two_speaker_logs_embed_each_turn_once() {
+    let recording = Arc::new(Recording {
+        inner: embedder(),
+        texts: std::sync::Mutex::new(Vec::new()),
+    });
+    let (mut comp, _) = components("x");
+    comp.embedder = recording.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    let ns = Namespace::new("duo").unwrap();
+    let s = SessionId::new("s1").unwrap();
+    let turns = vec![
+        NewTurn::spoken("Caroline", "I went to a pottery class yesterday."),
+        NewTurn::spoken("Melanie", "Nice! I ran a charity race."),
+        NewTurn::spoken("Caroline", "I am thinking about adopting a child."),
+    ];
+    memory
+        .add_turns(&ns, &s, Some("2023-05-08"), turns)
+        .unwrap();
+    memory.flush(&ns, &s).unwrap();
+    // Each turn is its own exchange: the segmenter reuses the turn vector instead of
+    // embedding the same text again.
+    let texts = recording.texts.lock().unwrap().clone();
+    for turn in [
+        "Caroline: I went to a pottery class yesterday.",
+        "Melanie: Nice! I ran a charity race.",
+        "Caroline: I am thinking about adopting a child.",
+    ] {
+        assert_eq!(texts.iter().filter(|t| *t == turn).count(), 1, "{texts:?}");
+    }
+    assert_eq!(memory.construction(&ns).unwrap().exchanges, 3);
+}
