@@ -324,7 +324,7 @@ pub fn search(models_dir: &Path, args: AskArgs) -> Result<()> {
 fn store_and_namespace(args: &MemoryArgs) -> Result<(lycheemem_store::Store, Namespace)> {
     let store = open_store(args)?;
     let ns = args.namespace()?;
-    if store.sessions(&ns)?.is_empty() {
+    if !store.has_namespace(&ns)? {
         bail!("namespace {ns} has no memory in {}", args.store.display());
     }
     Ok((store, ns))

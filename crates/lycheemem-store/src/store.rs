@@ -1211,6 +1211,16 @@ impl Store {
         Ok(out)
     }
 
+    /// Whether the namespace holds any session (one key lookup, no decoding).
+    pub fn has_namespace(&self, ns: &Namespace) -> Result<bool> {
+        let txn = self.read()?;
+        let t = txn.open_table(SESSIONS).map_err(db_err)?;
+        let start = keys::ns(ns);
+        let end = keys::prefix_end(&start);
+        let mut range = t.range(start.as_slice()..end.as_slice()).map_err(db_err)?;
+        Ok(range.next().transpose().map_err(db_err)?.is_some())
+    }
+
     pub fn session(&self, ns: &Namespace, id: &SessionId) -> Result<Option<SessionInfo>> {
         let txn = self.read()?;
         let t = txn.open_table(SESSIONS).map_err(db_err)?;

@@ -178,7 +178,7 @@ impl Store {
         input: &mut dyn BufRead,
         embed: Option<&EmbedFn>,
     ) -> Result<ImportReceipt> {
-        if !self.sessions(ns)?.is_empty() {
+        if self.has_namespace(ns)? {
             return Err(Error::InvalidInput(format!(
                 "namespace {ns} is not empty; import into a new namespace or delete it first"
             )));

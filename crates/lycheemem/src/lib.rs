@@ -31,7 +31,7 @@ mod memory;
 pub use components::Components;
 pub use memory::{
     Answer, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory, NewTurn,
-    QueryOptions, RederiveReport, SegmentSummary, records_by_type,
+    QueryOptions, RederiveReport, SegmentSummary,
 };
 
 pub use lycheemem_core as core;

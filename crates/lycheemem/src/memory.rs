@@ -9,7 +9,6 @@
 //! anywhere resumes exactly where the last commit left off, and ingesting a conversation in
 //! pieces across restarts yields the same segments and records as one uninterrupted run.
 
-use lycheemem_core::config::SegmentPolicy;
 use lycheemem_core::{
     Config, Error, Namespace, Purpose, Result, Role, Segment, SessionId, TokenUsage, Turn,
     UsageTotals,
@@ -24,7 +23,7 @@ use lycheemem_store::{
     StoreOptions,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -474,7 +473,7 @@ impl Memory {
     }
 
     fn require_namespace(&self, ns: &Namespace) -> Result<()> {
-        if self.store.sessions(ns)?.is_empty() {
+        if !self.store.has_namespace(ns)? {
             return Err(Error::NotFound(format!(
                 "namespace {ns} has no memory (ingest something first)"
             )));
@@ -694,11 +693,6 @@ impl Memory {
             exchanges,
         })
     }
-
-    /// Whether `policy` is the eager per-exchange baseline.
-    pub fn is_eager(&self) -> bool {
-        self.config.segment.policy == SegmentPolicy::PerExchange
-    }
 }
 
 /// Construction cost of a namespace (SPEC §6).
@@ -709,13 +703,4 @@ pub struct Construction {
     pub segments: u64,
     /// Exchanges segmented: the number of calls per-exchange encoding would make.
     pub exchanges: u64,
-}
-
-/// Record counts per memory type, for summaries.
-pub fn records_by_type(store: &Store, ns: &Namespace) -> Result<BTreeMap<String, u64>> {
-    let mut out = BTreeMap::new();
-    for r in store.all_records(ns)? {
-        *out.entry(r.memory_type.as_str().to_string()).or_insert(0) += 1;
-    }
-    Ok(out)
 }
