@@ -1272,50 +1272,51 @@ impl Store {
         )
     }
 
+    /// Rows of a `ns \0 id` table: those of `ids` that exist, in the order asked, or (with
+    /// `None`) every row of the namespace in id order.
+    fn rows<R: serde::de::DeserializeOwned>(
+        &self,
+        table: redb::TableDefinition<&[u8], &[u8]>,
+        ns: &Namespace,
+        ids: Option<&[String]>,
+        what: &str,
+    ) -> Result<Vec<R>> {
+        let txn = self.read()?;
+        let t = txn.open_table(table).map_err(db_err)?;
+        match ids {
+            Some(ids) => ids
+                .iter()
+                .filter_map(|id| get_json::<R>(&t, &keys::ns_str(ns, id), what).transpose())
+                .collect(),
+            None => scan_prefix(&t, &keys::ns(ns))?
+                .iter()
+                .map(|(_, v)| from_json(v, what))
+                .collect(),
+        }
+    }
+
     /// The records with these ids that exist, in the order asked.
     pub fn records(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<Record>> {
-        let txn = self.read()?;
-        let t = txn.open_table(RECORDS).map_err(db_err)?;
-        let mut out = Vec::new();
-        for id in ids {
-            if let Some(row) = get_json::<RecordRow>(&t, &keys::ns_str(ns, id), "record")? {
-                out.push(row.record);
-            }
-        }
-        Ok(out)
+        let rows: Vec<RecordRow> = self.rows(RECORDS, ns, Some(ids), "record")?;
+        Ok(rows.into_iter().map(|r| r.record).collect())
     }
 
     /// Every record of the namespace in id order.
     pub fn all_records(&self, ns: &Namespace) -> Result<Vec<Record>> {
-        let txn = self.read()?;
-        let t = txn.open_table(RECORDS).map_err(db_err)?;
-        scan_prefix(&t, &keys::ns(ns))?
-            .iter()
-            .map(|(_, v)| from_json::<RecordRow>(v, "record").map(|r| r.record))
-            .collect()
+        let rows: Vec<RecordRow> = self.rows(RECORDS, ns, None, "record")?;
+        Ok(rows.into_iter().map(|r| r.record).collect())
     }
 
     /// The nodes with these ids that exist, in the order asked.
     pub fn nodes(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<EvidenceNode>> {
-        let txn = self.read()?;
-        let t = txn.open_table(NODES).map_err(db_err)?;
-        let mut out = Vec::new();
-        for id in ids {
-            if let Some(row) = get_json::<NodeRow>(&t, &keys::ns_str(ns, id), "node")? {
-                out.push(row.node);
-            }
-        }
-        Ok(out)
+        let rows: Vec<NodeRow> = self.rows(NODES, ns, Some(ids), "node")?;
+        Ok(rows.into_iter().map(|r| r.node).collect())
     }
 
     /// Every node of the namespace in id order.
     pub fn all_nodes(&self, ns: &Namespace) -> Result<Vec<EvidenceNode>> {
-        let txn = self.read()?;
-        let t = txn.open_table(NODES).map_err(db_err)?;
-        scan_prefix(&t, &keys::ns(ns))?
-            .iter()
-            .map(|(_, v)| from_json::<NodeRow>(v, "node").map(|r| r.node))
-            .collect()
+        let rows: Vec<NodeRow> = self.rows(NODES, ns, None, "node")?;
+        Ok(rows.into_iter().map(|r| r.node).collect())
     }
 
     /// Temporal nodes whose key overlaps `[since, until]`: `day:` keys inside the range and
