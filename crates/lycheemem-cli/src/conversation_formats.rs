@@ -12,12 +12,13 @@
 //! * `locomo` — the LoCoMo JSON list; each conversation goes to namespace `<ns>.<sample_id>`,
 //!   speakers kept, image captions appended as text.
 //! * `longmemeval` — LongMemEval items; each item's haystack goes to `<ns>.<question_id>`.
+//!
+//! `.zst` files are decompressed first.
 
 use anyhow::{Context, Result, bail};
 use lycheemem::NewTurn;
 use lycheemem_core::Role;
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 /// One dated session.
@@ -54,20 +55,7 @@ fn role(v: Option<&Value>) -> Result<Role> {
     })
 }
 
-fn text_of(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        // OpenAI content parts: keep the text parts.
-        Value::Array(parts) => Some(
-            parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("\n"),
-        ),
-        _ => None,
-    }
-}
+use lycheemem_bench::dataset::content_of as text_of;
 
 fn detect(value: &Value, raw: &str) -> Format {
     if let Some(list) = value.as_array() {
@@ -99,13 +87,7 @@ pub fn read(
     session: Option<&str>,
     date: Option<&str>,
 ) -> Result<Vec<Conversation>> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    if path.extension().is_some_and(|e| e == "zst") {
-        bail!(
-            "{} is zstd-compressed; decompress it first (zstd -d)",
-            path.display()
-        );
-    }
+    let (bytes, _) = lycheemem_bench::dataset::read_maybe_zst(path)?;
     let raw = String::from_utf8(bytes).map_err(|e| {
         anyhow::anyhow!(
             "{} is not valid UTF-8 (byte {})",
@@ -254,133 +236,34 @@ fn read_chat(value: &Value, session: &str, date: Option<&str>) -> Result<Vec<Con
     }])
 }
 
+/// LoCoMo and LongMemEval files are read by the benchmark loaders, so `ingest` feeds a memory
+/// exactly the turns a benchmark run does.
+fn from_items(items: Vec<lycheemem_bench::Item>) -> Vec<Conversation> {
+    items
+        .into_iter()
+        .map(|item| Conversation {
+            namespace_suffix: Some(item.id),
+            sessions: item
+                .sessions
+                .into_iter()
+                .map(|s| Session {
+                    id: s.id,
+                    date: s.date,
+                    turns: s.turns,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 fn read_locomo(value: &Value) -> Result<Vec<Conversation>> {
-    let mut out = Vec::new();
-    for (i, conv) in value
-        .as_array()
-        .context("LoCoMo must be a JSON list")?
-        .iter()
-        .enumerate()
-    {
-        let sample = conv
-            .get("sample_id")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("conv-{i}"), str::to_string);
-        let c = &conv["conversation"];
-        let mut sessions = Vec::new();
-        for n in 1.. {
-            let Some(turns) = c.get(format!("session_{n}")).and_then(Value::as_array) else {
-                break;
-            };
-            let date = c
-                .get(format!("session_{n}_date_time"))
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            let mut out_turns = Vec::new();
-            for t in turns {
-                let speaker = t
-                    .get("speaker")
-                    .and_then(Value::as_str)
-                    .unwrap_or("speaker");
-                let mut text = t
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                if let Some(caption) = t.get("blip_caption").and_then(Value::as_str) {
-                    text.push_str(&format!(" [shares an image: {caption}]"));
-                }
-                if text.trim().is_empty() {
-                    continue;
-                }
-                out_turns.push(NewTurn::spoken(speaker, text));
-            }
-            sessions.push(Session {
-                id: format!("session_{n}"),
-                date,
-                turns: out_turns,
-            });
-        }
-        out.push(Conversation {
-            namespace_suffix: Some(sample),
-            sessions,
-        });
-    }
-    Ok(out)
+    Ok(from_items(lycheemem_bench::dataset::locomo_items(value)?.0))
 }
 
 fn read_longmemeval(value: &Value) -> Result<Vec<Conversation>> {
-    let mut out = Vec::new();
-    for (i, item) in value
-        .as_array()
-        .context("LongMemEval must be a JSON list")?
-        .iter()
-        .enumerate()
-    {
-        let qid = item
-            .get("question_id")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("item-{i}"), str::to_string);
-        let dates: Vec<Option<String>> = item
-            .get("haystack_dates")
-            .and_then(Value::as_array)
-            .map(|d| d.iter().map(|x| x.as_str().map(str::to_string)).collect())
-            .unwrap_or_default();
-        let ids: Vec<String> = item
-            .get("haystack_session_ids")
-            .and_then(Value::as_array)
-            .map(|d| {
-                d.iter()
-                    .filter_map(|x| x.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut sessions = Vec::new();
-        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-        for (n, s) in item
-            .get("haystack_sessions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let mut id = ids
-                .get(n)
-                .cloned()
-                .unwrap_or_else(|| format!("session-{}", n + 1));
-            let count = seen.entry(id.clone()).or_insert(0);
-            *count += 1;
-            if *count > 1 {
-                id = format!("{id}-{count}");
-            }
-            let mut turns = Vec::new();
-            for t in s.as_array().into_iter().flatten() {
-                let Some(text) = t.get("content").and_then(text_of) else {
-                    continue;
-                };
-                if text.trim().is_empty() {
-                    continue;
-                }
-                let r = role(t.get("role")).unwrap_or(Role::User);
-                turns.push(NewTurn {
-                    role: r,
-                    speaker: None,
-                    text,
-                    time: None,
-                });
-            }
-            sessions.push(Session {
-                id,
-                date: dates.get(n).cloned().flatten(),
-                turns,
-            });
-        }
-        out.push(Conversation {
-            namespace_suffix: Some(qid),
-            sessions,
-        });
-    }
-    Ok(out)
+    Ok(from_items(
+        lycheemem_bench::dataset::longmemeval_items(value)?.0,
+    ))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod bench_embed;
 mod bench_encode;
 mod bench_llm;
 mod bench_retrieve;
+mod bench_run;
 mod bench_segment;
 mod bench_store;
 mod conversation_formats;
@@ -84,6 +85,11 @@ enum BenchWhat {
     Store(bench_store::BenchStoreArgs),
     /// Retrieval latency without the planner on synthetic 10k–100k record stores, per stage.
     Retrieve(bench_retrieve::BenchRetrieveArgs),
+    /// LoCoMo / LongMemEval: every variant and baseline, evidence recall, judged accuracy,
+    /// token cost; resumable, with JSON, Markdown and SVG reports.
+    Run(Box<bench_run::BenchRunArgs>),
+    /// Rewrite the reports of a results folder from its checkpoints.
+    Report(bench_run::BenchReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -121,6 +127,12 @@ fn main() -> ExitCode {
         Command::Bench {
             what: BenchWhat::Retrieve(args),
         } => bench_retrieve::run(&models_dir, args),
+        Command::Bench {
+            what: BenchWhat::Run(args),
+        } => bench_run::run(&models_dir, *args),
+        Command::Bench {
+            what: BenchWhat::Report(args),
+        } => bench_run::report(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

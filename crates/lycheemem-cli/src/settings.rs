@@ -23,6 +23,13 @@ pub struct MemoryArgs {
         default_value = "default"
     )]
     pub namespace: String,
+    #[command(flatten)]
+    pub models: ModelArgs,
+}
+
+/// The configuration file and the model choices (shared by memory commands and benchmarks).
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
     /// TOML configuration file (every field optional; see the README).
     #[arg(long, env = "LYCHEEMEM_CONFIG")]
     pub config: Option<PathBuf>,
@@ -53,6 +60,21 @@ impl MemoryArgs {
 
     /// The effective configuration.
     pub fn config(&self) -> Result<Config> {
+        self.models.config()
+    }
+
+    /// Loads the models (fetching missing ones with a progress bar) and opens the memory.
+    pub fn open(&self, models_dir: &Path) -> Result<Memory> {
+        let cfg = self.config()?;
+        let components = load_components(&cfg, models_dir)?;
+        Memory::with_components(&self.store, cfg, components)
+            .with_context(|| format!("opening the store {}", self.store.display()))
+    }
+}
+
+impl ModelArgs {
+    /// The effective configuration.
+    pub fn config(&self) -> Result<Config> {
         let mut cfg = match &self.config {
             Some(path) => Config::from_toml_file(path)
                 .with_context(|| format!("configuration {}", path.display()))?,
@@ -79,14 +101,6 @@ impl MemoryArgs {
             cfg.models.threads = t;
         }
         Ok(cfg)
-    }
-
-    /// Loads the models (fetching missing ones with a progress bar) and opens the memory.
-    pub fn open(&self, models_dir: &Path) -> Result<Memory> {
-        let cfg = self.config()?;
-        let components = load_components(&cfg, models_dir)?;
-        Memory::with_components(&self.store, cfg, components)
-            .with_context(|| format!("opening the store {}", self.store.display()))
     }
 }
 

@@ -300,7 +300,9 @@ impl<'t> Writer<'t> {
             let link = keys::pair(ns, gone, &node.node_id);
             self.record_nodes.remove(link.as_slice()).map_err(db_err)?;
         }
-        for rid in &node.record_ids {
+        // Only new links are written: a heavy node gains a few records per segment, and
+        // re-inserting all of its links on every update made bulk ingestion quadratic.
+        for rid in node.record_ids.difference(&old_links) {
             let link = keys::pair(ns, rid, &node.node_id);
             self.record_nodes
                 .insert(link.as_slice(), ())

@@ -1,0 +1,185 @@
+//! Building (or reusing) the memory of one benchmark item under one construction config.
+//!
+//! Memories are cached under `<cache>/<dataset>.<item>-<construction hash>/`; a finished one has
+//! a `<same name>.json` marker next to it holding its [`ConstructionReport`]. An unfinished one
+//! (a killed run) is resumed: each session continues after the turns already stored, and the
+//! memory's own persisted segmenter state carries on where it stopped.
+
+use crate::dataset::{DatasetKind, Item};
+use anyhow::{Context, Result};
+use lycheemem::{Components, Memory};
+use lycheemem_core::{Config, Namespace, Purpose, SessionId};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What building one memory cost (SPEC §6 construction cost).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConstructionReport {
+    pub item: String,
+    pub hash: String,
+    pub turns: u64,
+    pub exchanges: u64,
+    pub segments: u64,
+    pub failed_segments: u64,
+    pub records: u64,
+    pub encode_calls: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// Sum of the encode calls' latencies.
+    pub llm_seconds: f64,
+    /// Wall time of construction (embedding, segmentation, encoding, storage), summed over
+    /// resumed runs.
+    pub seconds: f64,
+    pub encode_llm: String,
+    pub embedder: String,
+}
+
+impl ConstructionReport {
+    pub fn tokens(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// The namespace an item's memory lives in.
+pub fn namespace(kind: DatasetKind, item: &str) -> Result<Namespace> {
+    let safe: String = item
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Ok(Namespace::new(format!("{}.{safe}", kind.as_str()))?)
+}
+
+/// Where an item's memory and its marker live.
+pub fn paths(cache: &Path, kind: DatasetKind, item: &str, hash: &str) -> (PathBuf, PathBuf) {
+    let ns = namespace(kind, item)
+        .map_or_else(|_| format!("{}.{item}", kind.as_str()), |n| n.to_string());
+    let name = format!("{ns}-{hash}");
+    (cache.join(&name), cache.join(format!("{name}.json")))
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Partial {
+    seconds: f64,
+}
+
+/// Opens the item's memory, building what is missing first. `progress` receives one line per
+/// session built.
+pub fn build_or_open(
+    cache: &Path,
+    kind: DatasetKind,
+    item: &Item,
+    config: &Config,
+    hash: &str,
+    components: Components,
+    progress: &mut dyn FnMut(String),
+) -> Result<(Memory, ConstructionReport, bool)> {
+    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+    let (dir, marker) = paths(cache, kind, &item.id, hash);
+    let memory = Memory::with_components(&dir, config.clone(), components)
+        .with_context(|| format!("opening {}", dir.display()))?;
+    if let Ok(bytes) = std::fs::read(&marker)
+        && let Ok(report) = serde_json::from_slice::<ConstructionReport>(&bytes)
+    {
+        return Ok((memory, report, true));
+    }
+    let ns = namespace(kind, &item.id)?;
+    let partial_path = marker.with_extension("partial.json");
+    let previous: Partial = std::fs::read(&partial_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let stored: std::collections::HashMap<String, u32> = if memory.store().has_namespace(&ns)? {
+        memory
+            .store()
+            .sessions(&ns)?
+            .into_iter()
+            .map(|s| (s.id.to_string(), s.turn_count))
+            .collect()
+    } else {
+        Default::default()
+    };
+    let started = Instant::now();
+    let total = item.sessions.len();
+    for (n, s) in item.sessions.iter().enumerate() {
+        if s.turns.is_empty() {
+            continue;
+        }
+        let sid = SessionId::new(s.id.clone())?;
+        let done = stored.get(&s.id).copied().unwrap_or(0) as usize;
+        let session_clock = Instant::now();
+        let mut receipt = lycheemem::IngestReceipt::default();
+        if done < s.turns.len() {
+            receipt.merge(
+                memory
+                    .add_turns(&ns, &sid, s.date.as_deref(), s.turns[done..].to_vec())
+                    .with_context(|| format!("{} {}", item.id, s.id))?,
+            );
+        }
+        receipt.merge(memory.flush(&ns, &sid)?);
+        let seconds = previous.seconds + started.elapsed().as_secs_f64();
+        std::fs::write(&partial_path, serde_json::to_vec(&Partial { seconds })?)?;
+        let eta = started.elapsed().as_secs_f64() / (n + 1) as f64 * (total - n - 1) as f64;
+        progress(format!(
+            "construct {} {}: session {}/{total} ({} turns new) → {} segments, {} records, {} tokens in {:.0}s; eta {:.0}s",
+            item.id,
+            hash,
+            n + 1,
+            s.turns.len() - done.min(s.turns.len()),
+            receipt.segments.len(),
+            receipt.records,
+            receipt.encode_tokens,
+            session_clock.elapsed().as_secs_f64(),
+            eta
+        ));
+    }
+    let report = summarize(
+        &memory,
+        &ns,
+        item,
+        hash,
+        previous.seconds + started.elapsed().as_secs_f64(),
+    )?;
+    std::fs::write(&marker, serde_json::to_vec_pretty(&report)?)?;
+    let _ = std::fs::remove_file(&partial_path);
+    Ok((memory, report, false))
+}
+
+fn summarize(
+    memory: &Memory,
+    ns: &Namespace,
+    item: &Item,
+    hash: &str,
+    seconds: f64,
+) -> Result<ConstructionReport> {
+    let stats = memory.stats(ns)?;
+    let construction = memory.construction(ns)?;
+    let mut report = ConstructionReport {
+        item: item.id.clone(),
+        hash: hash.to_string(),
+        turns: stats.turns,
+        exchanges: construction.exchanges,
+        segments: stats.segments,
+        failed_segments: stats.failed_segments,
+        records: stats.records,
+        seconds,
+        encode_llm: memory.config().models.encode_llm.clone(),
+        embedder: memory.config().models.embedder.clone(),
+        ..Default::default()
+    };
+    for u in memory.store().usage_log(ns)? {
+        if u.purpose == Purpose::Encode {
+            report.encode_calls += 1;
+            report.prompt_tokens += u.prompt_tokens;
+            report.completion_tokens += u.completion_tokens;
+            report.llm_seconds += u.latency_ms as f64 / 1e3;
+        }
+    }
+    Ok(report)
+}

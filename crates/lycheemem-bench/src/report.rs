@@ -1,0 +1,538 @@
+//! Reports from a results folder's checkpoints: `summary.json`, a Markdown summary with
+//! per-category tables comparing variants side by side, and two SVG plots (quality vs
+//! construction tokens; per-category bars). Every report records where it came from.
+
+use crate::run::{ConstructionLine, Prediction, constructions, predictions};
+use crate::variant::VARIANTS;
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Where a report came from.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunMeta {
+    /// The command that reproduces the run (paths as typed).
+    pub command: String,
+    pub commit: String,
+    pub dataset: String,
+    pub dataset_sha256: String,
+    pub models: BTreeMap<String, String>,
+    /// Config hash per variant.
+    pub config_hashes: BTreeMap<String, String>,
+    pub machine: String,
+    pub date: String,
+    pub top_k: usize,
+    pub retrieval_only: bool,
+    /// Parser notes (skipped or repaired dataset entries), counted.
+    pub dataset_notes: usize,
+}
+
+/// Mean and count of a metric over the questions that have it.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Mean {
+    pub sum: f64,
+    pub n: usize,
+}
+
+impl Mean {
+    fn add(&mut self, v: Option<f64>) {
+        if let Some(v) = v {
+            self.sum += v;
+            self.n += 1;
+        }
+    }
+    pub fn value(&self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum / self.n as f64)
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Scores {
+    pub questions: usize,
+    pub recall: Mean,
+    pub session_recall: Mean,
+    pub accuracy: Mean,
+    pub f1: Mean,
+}
+
+impl Scores {
+    fn add(&mut self, p: &Prediction) {
+        self.questions += 1;
+        self.recall.add(p.recall);
+        self.session_recall.add(p.session_recall);
+        self.accuracy
+            .add(p.judge_correct.map(|c| f64::from(u8::from(c))));
+        self.f1.add(p.f1);
+    }
+}
+
+/// One variant's results.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VariantSummary {
+    pub variant: String,
+    pub overall: Scores,
+    pub categories: BTreeMap<String, Scores>,
+    pub items_built: usize,
+    pub construction_calls: u64,
+    pub construction_tokens: u64,
+    pub construction_seconds: f64,
+    pub query_tokens_per_question: f64,
+    pub context_tokens_per_question: f64,
+    pub llm_calls_per_question: f64,
+    pub retrieval_ms_p50: f64,
+    pub plan_fallbacks: usize,
+}
+
+fn rank(name: &str) -> usize {
+    VARIANTS
+        .iter()
+        .position(|v| *v == name)
+        .unwrap_or(usize::MAX)
+}
+
+/// Summaries per variant, in the canonical variant order.
+pub fn summarize(preds: &[Prediction], builds: &[ConstructionLine]) -> Vec<VariantSummary> {
+    let mut by: BTreeMap<String, VariantSummary> = BTreeMap::new();
+    let mut latencies: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for p in preds {
+        let s = by
+            .entry(p.variant.clone())
+            .or_insert_with(|| VariantSummary {
+                variant: p.variant.clone(),
+                ..Default::default()
+            });
+        s.overall.add(p);
+        s.categories.entry(p.category.clone()).or_default().add(p);
+        s.query_tokens_per_question += p.query_tokens() as f64;
+        s.context_tokens_per_question += p.context_tokens as f64;
+        s.llm_calls_per_question += f64::from(p.llm_calls);
+        s.plan_fallbacks += usize::from(
+            p.plan_fallback
+                .as_deref()
+                .is_some_and(|f| f != "planner disabled"),
+        );
+        latencies
+            .entry(p.variant.clone())
+            .or_default()
+            .push(p.retrieval_ms);
+    }
+    for b in builds {
+        if let Some(s) = by.get_mut(&b.variant) {
+            s.items_built += 1;
+            s.construction_calls += b.report.encode_calls;
+            s.construction_tokens += b.report.tokens();
+            s.construction_seconds += b.report.seconds;
+        }
+    }
+    let mut out: Vec<VariantSummary> = by
+        .into_values()
+        .map(|mut s| {
+            let n = s.overall.questions.max(1) as f64;
+            s.query_tokens_per_question /= n;
+            s.context_tokens_per_question /= n;
+            s.llm_calls_per_question /= n;
+            if let Some(l) = latencies.get_mut(&s.variant) {
+                l.sort_by(f64::total_cmp);
+                s.retrieval_ms_p50 = l[l.len() / 2];
+            }
+            s
+        })
+        .collect();
+    out.sort_by_key(|s| (rank(&s.variant), s.variant.clone()));
+    out
+}
+
+fn pct(m: &Mean) -> String {
+    m.value()
+        .map_or_else(|| "—".into(), |v| format!("{:.1}", 100.0 * v))
+}
+
+fn category_order(sums: &[VariantSummary]) -> Vec<String> {
+    const LOCOMO: [&str; 5] = [
+        "multi_hop",
+        "temporal",
+        "open_domain",
+        "single_hop",
+        "adversarial",
+    ];
+    let mut cats: Vec<String> = sums
+        .iter()
+        .flat_map(|s| s.categories.keys().cloned())
+        .collect();
+    cats.sort_by_key(|c| {
+        (
+            LOCOMO.iter().position(|l| l == c).unwrap_or(usize::MAX),
+            c.clone(),
+        )
+    });
+    cats.dedup();
+    cats
+}
+
+fn category_table(
+    out: &mut String,
+    title: &str,
+    sums: &[VariantSummary],
+    metric: fn(&Scores) -> &Mean,
+) {
+    let cats = category_order(sums);
+    let _ = writeln!(out, "\n### {title}\n");
+    let _ = writeln!(
+        out,
+        "| variant | {} | overall |",
+        cats.iter()
+            .map(|c| {
+                let n = sums
+                    .iter()
+                    .find_map(|s| s.categories.get(c).map(|x| x.questions))
+                    .unwrap_or(0);
+                format!("{c} (n={n})")
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let _ = writeln!(out, "|---|{}---:|", "---:|".repeat(cats.len()));
+    for s in sums {
+        let cells: Vec<String> = cats
+            .iter()
+            .map(|c| s.categories.get(c).map_or("—".into(), |x| pct(metric(x))))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            s.variant,
+            cells.join(" | "),
+            pct(metric(&s.overall))
+        );
+    }
+}
+
+/// The Markdown summary.
+pub fn markdown(meta: &RunMeta, sums: &[VariantSummary], builds: &[ConstructionLine]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Benchmark report: {}\n", meta.dataset);
+    let _ = writeln!(out, "- command: `{}`", meta.command);
+    let _ = writeln!(
+        out,
+        "- commit {}, {}, {}",
+        meta.commit, meta.date, meta.machine
+    );
+    let _ = writeln!(
+        out,
+        "- dataset {} (sha256 {}…), {} parser notes",
+        meta.dataset,
+        &meta.dataset_sha256[..meta.dataset_sha256.len().min(12)],
+        meta.dataset_notes
+    );
+    for (purpose, model) in &meta.models {
+        let _ = writeln!(out, "- {purpose}: {model}");
+    }
+    let _ = writeln!(
+        out,
+        "- k = {}; {}",
+        meta.top_k,
+        if meta.retrieval_only {
+            "retrieval only (no answer or judge calls)"
+        } else {
+            "answers judged by the judge model (its tokens are not counted as cost)"
+        }
+    );
+    let _ = writeln!(out, "\n## Overall\n");
+    let _ = writeln!(
+        out,
+        "| variant | questions | evidence recall@k | session recall | judge accuracy | F1 | built items | construction LLM calls | construction tokens | query tokens / question | evidence tokens / question | LLM calls / question | retrieval p50 ms | plan fallbacks |"
+    );
+    let _ = writeln!(
+        out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for s in sums {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {} |",
+            s.variant,
+            s.overall.questions,
+            pct(&s.overall.recall),
+            pct(&s.overall.session_recall),
+            pct(&s.overall.accuracy),
+            pct(&s.overall.f1),
+            s.items_built,
+            s.construction_calls,
+            s.construction_tokens,
+            s.query_tokens_per_question,
+            s.context_tokens_per_question,
+            s.llm_calls_per_question,
+            s.retrieval_ms_p50,
+            s.plan_fallbacks
+        );
+    }
+    category_table(&mut out, "Evidence recall@k by category (%)", sums, |s| {
+        &s.recall
+    });
+    if sums.iter().any(|s| s.overall.accuracy.n > 0) {
+        category_table(&mut out, "Judge accuracy by category (%)", sums, |s| {
+            &s.accuracy
+        });
+    }
+    if sums.iter().any(|s| s.overall.f1.n > 0) {
+        category_table(&mut out, "Token F1 by category (%)", sums, |s| &s.f1);
+    }
+    if !builds.is_empty() {
+        let _ = writeln!(out, "\n## Construction per item\n");
+        let _ = writeln!(
+            out,
+            "| variant | item | turns | exchanges | segments | failed | records | LLM calls | prompt tokens | completion tokens | seconds |"
+        );
+        let _ = writeln!(
+            out,
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        let mut rows: Vec<&ConstructionLine> = builds.iter().collect();
+        rows.sort_by_key(|b| (rank(&b.variant), b.report.item.clone()));
+        for b in rows {
+            let r = &b.report;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+                b.variant,
+                r.item,
+                r.turns,
+                r.exchanges,
+                r.segments,
+                r.failed_segments,
+                r.records,
+                r.encode_calls,
+                r.prompt_tokens,
+                r.completion_tokens,
+                r.seconds
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nPlots: `quality_vs_construction_tokens.svg`, `categories.svg`. Every prediction with its evidence ids, verdict and tokens: `predictions/<variant>.jsonl`."
+    );
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Scatter of quality (judge accuracy when judged, else evidence recall) against construction
+/// tokens per built item.
+pub fn svg_quality_vs_tokens(sums: &[VariantSummary]) -> String {
+    let judged = sums.iter().any(|s| s.overall.accuracy.n > 0);
+    let quality = |s: &VariantSummary| {
+        if judged {
+            s.overall.accuracy.value()
+        } else {
+            s.overall.recall.value()
+        }
+    };
+    let points: Vec<(&str, f64, f64)> = sums
+        .iter()
+        .filter_map(|s| {
+            let per_item = s.construction_tokens as f64 / s.items_built.max(1) as f64;
+            quality(s).map(|q| (s.variant.as_str(), per_item, q))
+        })
+        .collect();
+    let (w, h, m) = (720.0, 420.0, 60.0);
+    let max_x = points.iter().map(|p| p.1).fold(1.0f64, f64::max) * 1.1;
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>"#
+    );
+    let _ = write!(
+        svg,
+        r#"<line x1="{m}" y1="{}" x2="{}" y2="{}" stroke="black"/><line x1="{m}" y1="{m}" x2="{m}" y2="{}" stroke="black"/>"#,
+        h - m,
+        w - m,
+        h - m,
+        h - m
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">construction tokens per item (max {:.0})</text><text x="15" y="{}" transform="rotate(-90 15 {})" text-anchor="middle">{} (%)</text>"#,
+        w / 2.0,
+        h - 20.0,
+        max_x / 1.1,
+        h / 2.0,
+        h / 2.0,
+        if judged {
+            "judge accuracy"
+        } else {
+            "evidence recall@k"
+        }
+    );
+    for tick in 0..=4 {
+        let v = tick as f64 * 25.0;
+        let y = h - m - (h - 2.0 * m) * v / 100.0;
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="end">{v:.0}</text><line x1="{m}" y1="{y}" x2="{}" y2="{y}" stroke="lightgray"/>"#,
+            m - 6.0,
+            y + 4.0,
+            w - m
+        );
+    }
+    for (name, x, q) in points {
+        let px = m + (w - 2.0 * m) * x / max_x;
+        let py = h - m - (h - 2.0 * m) * q;
+        let _ = write!(
+            svg,
+            r#"<circle cx="{px:.1}" cy="{py:.1}" r="5" fill="steelblue"/><text x="{:.1}" y="{:.1}">{} ({:.1}%, {x:.0})</text>"#,
+            px + 8.0,
+            py - 6.0,
+            esc(name),
+            100.0 * q
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Grouped bars per category (judge accuracy when judged, else evidence recall).
+pub fn svg_categories(sums: &[VariantSummary]) -> String {
+    let judged = sums.iter().any(|s| s.overall.accuracy.n > 0);
+    let cats = category_order(sums);
+    let (w, h, m) = (
+        (140 + cats.len() * (sums.len() * 18 + 30)).max(400) as f64,
+        420.0,
+        60.0,
+    );
+    const COLORS: [&str; 8] = [
+        "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f",
+    ];
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>"#
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="{m}" y="20">{} by category (%)</text><line x1="{m}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
+        if judged {
+            "judge accuracy"
+        } else {
+            "evidence recall@k"
+        },
+        h - m,
+        w - 10.0,
+        h - m
+    );
+    for (ci, c) in cats.iter().enumerate() {
+        let x0 = m + 10.0 + ci as f64 * (sums.len() as f64 * 18.0 + 30.0);
+        for (vi, s) in sums.iter().enumerate() {
+            let Some(v) = s.categories.get(c).and_then(|x| {
+                if judged {
+                    x.accuracy.value()
+                } else {
+                    x.recall.value()
+                }
+            }) else {
+                continue;
+            };
+            let bh = (h - 2.0 * m) * v;
+            let _ = write!(
+                svg,
+                r#"<rect x="{:.1}" y="{:.1}" width="16" height="{bh:.1}" fill="{}"><title>{} {}: {:.1}%</title></rect>"#,
+                x0 + vi as f64 * 18.0,
+                h - m - bh,
+                COLORS[vi % COLORS.len()],
+                esc(&s.variant),
+                esc(c),
+                100.0 * v
+            );
+        }
+        let _ = write!(
+            svg,
+            r#"<text x="{x0:.1}" y="{}">{}</text>"#,
+            h - m + 16.0,
+            esc(c)
+        );
+    }
+    for (vi, s) in sums.iter().enumerate() {
+        let _ = write!(
+            svg,
+            r#"<rect x="{}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{}">{}</text>"#,
+            m + vi as f64 * 120.0,
+            h - 25.0,
+            COLORS[vi % COLORS.len()],
+            m + 14.0 + vi as f64 * 120.0,
+            h - 16.0,
+            esc(&s.variant)
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Writes `run.json`, `summary.json`, `summary.md` and the plots into `out`; returns the
+/// Markdown.
+pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
+    let preds = predictions(out)?;
+    let builds = constructions(out)?;
+    let sums = summarize(&preds, &builds);
+    let md = markdown(meta, &sums, &builds);
+    let write = |name: &str, body: &[u8]| -> Result<()> {
+        std::fs::write(out.join(name), body).with_context(|| format!("writing {name}"))
+    };
+    write("run.json", &serde_json::to_vec_pretty(meta)?)?;
+    write("summary.json", &serde_json::to_vec_pretty(&sums)?)?;
+    write("summary.md", md.as_bytes())?;
+    write(
+        "quality_vs_construction_tokens.svg",
+        svg_quality_vs_tokens(&sums).as_bytes(),
+    )?;
+    write("categories.svg", svg_categories(&sums).as_bytes())?;
+    Ok(md)
+}
+
+/// The short commit id of the checkout in the working directory (with `-dirty` when it has
+/// uncommitted changes), or `unknown`.
+pub fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(id) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty { format!("{id}-dirty") } else { id }
+        }
+        None => "unknown".into(),
+    }
+}
+
+/// CPU model, core count and memory of this machine.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or_else(String::new, |kb| {
+            format!(", {:.0} GiB", kb / 1024.0 / 1024.0)
+        });
+    format!("{cpu}, {cores} cores{mem}")
+}

@@ -1,0 +1,664 @@
+//! One benchmark run: select questions, build or reuse each item's memories, evaluate every
+//! variant on every selected question, and checkpoint each prediction as one JSON line, so a
+//! rerun (or a killed run) skips what is finished.
+
+use crate::baseline::{self, ChunkIndex};
+use crate::construct::{self, ConstructionReport};
+use crate::dataset::{Dataset, DatasetKind, Item, Question, TurnAt};
+use crate::metrics;
+use crate::variant::{Variant, VariantKind};
+use anyhow::{Context, Result};
+use lycheemem::{Components, EvidenceItem};
+use lycheemem_core::{CandidateTarget, Config, Plan, Purpose, TokenUsage, estimate_tokens};
+use lycheemem_llm::Llm;
+use lycheemem_retrieve::{Retriever, SearchRequest};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What to run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub dataset: PathBuf,
+    pub variants: Vec<String>,
+    /// Results folder (checkpoints and reports).
+    pub out: PathBuf,
+    /// Built memories and cached plans, shared between runs.
+    pub cache: PathBuf,
+    /// Item ids to run (empty = all).
+    pub items: Vec<String>,
+    /// Category names or LoCoMo numbers (empty = LoCoMo 1–4, every LongMemEval type).
+    pub categories: Vec<String>,
+    /// At most this many questions, stratified by category with `seed`.
+    pub limit: Option<usize>,
+    pub seed: u64,
+    /// Retrieval and evidence recall only: no answer or judge calls.
+    pub retrieval_only: bool,
+    /// Evidence items per question (the same k for every variant).
+    pub top_k: usize,
+    /// Turns per `naive_rag` chunk.
+    pub naive_chunk_turns: usize,
+    /// Tokens reserved for instructions, question and answer in `full_context`.
+    pub full_context_reserve: usize,
+}
+
+/// The models a run uses (the judge is only needed when answers are judged).
+#[derive(Clone)]
+pub struct Backends {
+    pub components: Components,
+    pub judge: Option<Arc<dyn Llm>>,
+}
+
+/// A cited piece of evidence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvidenceRef {
+    /// `record:<id>` or `turns:<session>#<first>-<last>`.
+    pub id: String,
+    pub session: String,
+    pub turns: Vec<u32>,
+    pub score: f32,
+}
+
+/// One checkpointed prediction.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Prediction {
+    pub variant: String,
+    pub item: String,
+    pub question_id: String,
+    pub category: String,
+    /// Questions and gold answers are not copied (benchmark data stays in its file).
+    pub abstention: bool,
+    pub prediction: Option<String>,
+    pub evidence: Vec<EvidenceRef>,
+    /// Share of the gold evidence turns among the retrieved items' turns.
+    pub recall: Option<f64>,
+    pub session_recall: Option<f64>,
+    pub f1: Option<f64>,
+    pub judge_correct: Option<bool>,
+    pub judge_raw: Option<String>,
+    pub plan_tokens: u64,
+    pub answer_tokens: u64,
+    pub judge_tokens: u64,
+    /// Estimated tokens of the evidence text handed to the answerer.
+    pub context_tokens: u64,
+    pub llm_calls: u32,
+    pub retrieval_ms: f64,
+    pub answer_ms: f64,
+    pub plan_fallback: Option<String>,
+    /// e.g. full_context's truncation.
+    pub note: Option<String>,
+}
+
+impl Prediction {
+    /// Tokens the system spent on this question (planner + answer; the judge excluded).
+    pub fn query_tokens(&self) -> u64 {
+        self.plan_tokens + self.answer_tokens
+    }
+}
+
+/// A variant's construction of one item as checkpointed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConstructionLine {
+    pub variant: String,
+    pub report: ConstructionReport,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CachedPlan {
+    key: String,
+    plan: Plan,
+    fallback: Option<String>,
+    usage: Option<TokenUsage>,
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The selected questions as `(item index, question index)`, in dataset order.
+pub fn select(dataset: &Dataset, spec: &RunSpec) -> Vec<(usize, usize)> {
+    let wanted = |q: &Question| -> bool {
+        if spec.categories.is_empty() {
+            return dataset.kind != DatasetKind::Locomo || (1..=4).contains(&q.category_number);
+        }
+        spec.categories
+            .iter()
+            .any(|c| *c == q.category || *c == q.category_number.to_string())
+    };
+    let mut by_category: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
+    for (i, item) in dataset.items.iter().enumerate() {
+        if !spec.items.is_empty() && !spec.items.contains(&item.id) {
+            continue;
+        }
+        for (j, q) in item.questions.iter().enumerate() {
+            if wanted(q) {
+                by_category
+                    .entry(q.category.clone())
+                    .or_default()
+                    .push((i, j));
+            }
+        }
+    }
+    let total: usize = by_category.values().map(Vec::len).sum();
+    let mut chosen: Vec<(usize, usize)> = Vec::new();
+    match spec.limit {
+        Some(limit) if limit < total => {
+            // Largest-remainder allocation of `limit` over categories, then a seeded shuffle
+            // inside each category.
+            let mut shares: Vec<(String, usize, f64)> = by_category
+                .iter()
+                .map(|(c, v)| {
+                    let exact = limit as f64 * v.len() as f64 / total as f64;
+                    (c.clone(), exact.floor() as usize, exact - exact.floor())
+                })
+                .collect();
+            let mut left = limit - shares.iter().map(|s| s.1).sum::<usize>();
+            let mut order: Vec<usize> = (0..shares.len()).collect();
+            order.sort_by(|&a, &b| shares[b].2.total_cmp(&shares[a].2).then(a.cmp(&b)));
+            for i in order {
+                if left == 0 {
+                    break;
+                }
+                shares[i].1 += 1;
+                left -= 1;
+            }
+            let mut state = spec.seed;
+            for (c, n, _) in shares {
+                let mut v = by_category[&c].clone();
+                for i in (1..v.len()).rev() {
+                    let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+                    v.swap(i, j);
+                }
+                chosen.extend(v.into_iter().take(n));
+            }
+        }
+        _ => chosen = by_category.into_values().flatten().collect(),
+    }
+    chosen.sort_unstable();
+    chosen
+}
+
+fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(v) => out.push(v),
+            // A line cut by a kill mid-write: ignore it (the question is simply redone).
+            Err(_) if n + 1 == text.lines().count() => {}
+            Err(e) => {
+                return Err(anyhow::anyhow!("{} line {}: {e}", path.display(), n + 1));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn append_line<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut line = serde_json::to_string(value)?;
+    line.push('\n');
+    f.write_all(line.as_bytes())?;
+    f.sync_data()?;
+    Ok(())
+}
+
+/// Checkpointed predictions of a results folder.
+pub fn predictions(out: &Path) -> Result<Vec<Prediction>> {
+    let mut all = Vec::new();
+    let dir = out.join("predictions");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(all);
+    };
+    let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    for f in files {
+        if f.extension().is_some_and(|e| e == "jsonl") {
+            all.extend(read_lines::<Prediction>(&f)?);
+        }
+    }
+    Ok(all)
+}
+
+/// Checkpointed construction reports of a results folder.
+pub fn constructions(out: &Path) -> Result<Vec<ConstructionLine>> {
+    read_lines(&out.join("construction.jsonl"))
+}
+
+fn retrieved_turns(evidence: &[EvidenceItem]) -> BTreeSet<TurnAt> {
+    evidence
+        .iter()
+        .flat_map(|e| {
+            e.turns.iter().map(|&index| TurnAt {
+                session: e.session.clone(),
+                index,
+            })
+        })
+        .collect()
+}
+
+fn evidence_refs(evidence: &[EvidenceItem]) -> Vec<EvidenceRef> {
+    evidence
+        .iter()
+        .map(|e| EvidenceRef {
+            id: match &e.evidence.target {
+                CandidateTarget::Record { record_id } => format!("record:{record_id}"),
+                CandidateTarget::Turns { first, last_index } => {
+                    format!("turns:{}#{}-{last_index}", first.session, first.index)
+                }
+            },
+            session: e.session.clone(),
+            turns: e.turns.clone(),
+            score: e.evidence.final_score,
+        })
+        .collect()
+}
+
+fn tokens(u: &TokenUsage) -> u64 {
+    u.prompt_tokens + u.completion_tokens
+}
+
+/// Progress of the whole run, for the ETA.
+struct Clock {
+    started: Instant,
+    last_report: Option<Instant>,
+    done: usize,
+    total: usize,
+}
+
+impl Clock {
+    /// Counts one prediction; returns a progress line at most every 10 seconds (and at the end).
+    fn tick(&mut self) -> Option<String> {
+        self.done += 1;
+        if self.done < self.total
+            && self
+                .last_report
+                .is_some_and(|t| t.elapsed().as_secs_f64() < 10.0)
+        {
+            return None;
+        }
+        self.last_report = Some(Instant::now());
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let eta = elapsed / self.done as f64 * (self.total - self.done) as f64;
+        Some(format!(
+            "{}/{} predictions, {:.0}s elapsed, eta {:.0}s",
+            self.done, self.total, elapsed, eta
+        ))
+    }
+}
+
+/// Runs `spec` against `dataset`, appending to the checkpoints in `spec.out`.
+pub fn run(
+    dataset: &Dataset,
+    spec: &RunSpec,
+    base: &Config,
+    backends: &Backends,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    let variants: Vec<Variant> = spec
+        .variants
+        .iter()
+        .map(|v| Variant::new(v, base))
+        .collect::<Result<_>>()?;
+    std::fs::create_dir_all(spec.out.join("predictions"))
+        .with_context(|| format!("creating {}", spec.out.display()))?;
+    std::fs::create_dir_all(&spec.cache)
+        .with_context(|| format!("creating {}", spec.cache.display()))?;
+    let selected = select(dataset, spec);
+    let mut done: HashSet<(String, String)> = predictions(&spec.out)?
+        .into_iter()
+        .map(|p| (p.variant, p.question_id))
+        .collect();
+    let mut built: HashSet<(String, String)> = constructions(&spec.out)?
+        .into_iter()
+        .map(|c| (c.variant, c.report.item))
+        .collect();
+    let plans_path = spec.cache.join("plans.jsonl");
+    let mut plans: HashMap<String, CachedPlan> = read_lines::<CachedPlan>(&plans_path)?
+        .into_iter()
+        .map(|p| (p.key.clone(), p))
+        .collect();
+    let mut by_item: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, j) in &selected {
+        by_item.entry(*i).or_default().push(*j);
+    }
+    let pending = |v: &Variant, item: &Item, qs: &[usize], done: &HashSet<(String, String)>| {
+        qs.iter()
+            .filter(|&&j| !done.contains(&(v.name.clone(), item.questions[j].id.clone())))
+            .copied()
+            .collect::<Vec<usize>>()
+    };
+    let total = by_item
+        .iter()
+        .map(|(i, qs)| {
+            variants
+                .iter()
+                .map(|v| pending(v, &dataset.items[*i], qs, &done).len())
+                .sum::<usize>()
+        })
+        .sum();
+    progress(format!(
+        "{} questions selected in {} items; {} predictions to make ({} variants)",
+        selected.len(),
+        by_item.len(),
+        total,
+        variants.len()
+    ));
+    let mut clock = Clock {
+        started: Instant::now(),
+        last_report: None,
+        done: 0,
+        total,
+    };
+    let comps = &backends.components;
+    for (&i, qs) in &by_item {
+        let item = &dataset.items[i];
+        // Memory variants grouped by construction, so each memory is opened once.
+        let mut groups: BTreeMap<String, Vec<&Variant>> = BTreeMap::new();
+        for v in &variants {
+            if v.kind == VariantKind::Memory {
+                groups.entry(v.construction_hash()).or_default().push(v);
+            }
+        }
+        for (hash, group) in groups {
+            let need_questions = group
+                .iter()
+                .any(|v| !pending(v, item, qs, &done).is_empty());
+            let need_report = group
+                .iter()
+                .any(|v| !built.contains(&(v.name.clone(), item.id.clone())));
+            if !need_questions && !need_report {
+                continue;
+            }
+            let (memory, report, cached) = construct::build_or_open(
+                &spec.cache,
+                dataset.kind,
+                item,
+                &group[0].config,
+                &hash,
+                comps.clone(),
+                progress,
+            )?;
+            progress(format!(
+                "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
+                item.id,
+                if cached { "cached" } else { "built" },
+                report.segments,
+                report.records,
+                report.tokens()
+            ));
+            for v in &group {
+                if built.insert((v.name.clone(), item.id.clone())) {
+                    append_line(
+                        &spec.out.join("construction.jsonl"),
+                        &ConstructionLine {
+                            variant: v.name.clone(),
+                            report: report.clone(),
+                        },
+                    )?;
+                }
+            }
+            let ns = construct::namespace(dataset.kind, &item.id)?;
+            for v in &group {
+                let file = spec
+                    .out
+                    .join("predictions")
+                    .join(format!("{}.jsonl", v.name));
+                for j in pending(v, item, qs, &done) {
+                    let q = &item.questions[j];
+                    let retriever = Retriever {
+                        store: memory.store(),
+                        embedder: comps.embedder.as_ref(),
+                        reranker: comps.reranker.as_deref(),
+                        planner: None,
+                        cfg: &v.config.retrieval,
+                    };
+                    let cached_plan = if v.plans() {
+                        Some(plan_for(q, v, comps, &plans_path, &mut plans)?)
+                    } else {
+                        None
+                    };
+                    let result = retriever.search(
+                        &ns,
+                        &SearchRequest {
+                            question: &q.question,
+                            context: "",
+                            reference_date: q.date.as_deref(),
+                            top_k: spec.top_k,
+                            plan: cached_plan.as_ref().map(|p| &p.plan),
+                        },
+                    )?;
+                    let retrieval_ms: f64 = result
+                        .timings
+                        .iter()
+                        .filter(|(k, _)| **k != "plan")
+                        .map(|(_, v)| v)
+                        .sum();
+                    let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
+                    if let Some(c) = &cached_plan {
+                        p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
+                        p.llm_calls += u32::from(c.usage.is_some());
+                        p.plan_fallback.clone_from(&c.fallback);
+                    } else {
+                        p.plan_fallback = Some("planner disabled".into());
+                    }
+                    finish(
+                        &mut p,
+                        dataset.kind,
+                        q,
+                        &result.evidence,
+                        &v.config,
+                        spec,
+                        backends,
+                    )?;
+                    append_line(&file, &p)?;
+                    done.insert((v.name.clone(), q.id.clone()));
+                    if let Some(line) = clock.tick() {
+                        progress(format!("[{}] {} {line}", v.name, q.id));
+                    }
+                }
+            }
+        }
+        for v in variants.iter().filter(|v| v.kind != VariantKind::Memory) {
+            let todo = pending(v, item, qs, &done);
+            if todo.is_empty() {
+                continue;
+            }
+            let file = spec
+                .out
+                .join("predictions")
+                .join(format!("{}.jsonl", v.name));
+            let index = if v.kind == VariantKind::NaiveRag {
+                Some(ChunkIndex::build(
+                    item,
+                    spec.naive_chunk_turns,
+                    comps.embedder.as_ref(),
+                )?)
+            } else {
+                None
+            };
+            for j in todo {
+                let q = &item.questions[j];
+                let clock_q = Instant::now();
+                let (evidence, note, config) = match &index {
+                    Some(index) => (
+                        index.search(&q.question, spec.top_k.max(1), comps.embedder.as_ref())?,
+                        None,
+                        v.config.clone(),
+                    ),
+                    None => {
+                        let context = comps.answer_llm.context_length().unwrap_or(32_768);
+                        let budget = context.saturating_sub(spec.full_context_reserve);
+                        let (items, dropped) = baseline::full_context(item, budget)?;
+                        let mut config = v.config.clone();
+                        config.answer.evidence_item_chars = usize::MAX;
+                        let note = (dropped > 0).then(|| {
+                            format!("truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens", items.len())
+                        });
+                        (items, note, config)
+                    }
+                };
+                let ms = clock_q.elapsed().as_secs_f64() * 1e3;
+                let mut p = base_prediction(v, item, q, &evidence, ms);
+                p.note = note;
+                finish(&mut p, dataset.kind, q, &evidence, &config, spec, backends)?;
+                append_line(&file, &p)?;
+                done.insert((v.name.clone(), q.id.clone()));
+                if let Some(line) = clock.tick() {
+                    progress(format!("[{}] {} {line}", v.name, q.id));
+                }
+            }
+            if v.kind == VariantKind::NaiveRag && built.insert((v.name.clone(), item.id.clone())) {
+                append_line(
+                    &spec.out.join("construction.jsonl"),
+                    &ConstructionLine {
+                        variant: v.name.clone(),
+                        report: ConstructionReport {
+                            item: item.id.clone(),
+                            hash: "none".into(),
+                            turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
+                            embedder: base.models.embedder.clone(),
+                            ..Default::default()
+                        },
+                    },
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn base_prediction(
+    v: &Variant,
+    item: &Item,
+    q: &Question,
+    evidence: &[EvidenceItem],
+    retrieval_ms: f64,
+) -> Prediction {
+    let turns = retrieved_turns(evidence);
+    Prediction {
+        variant: v.name.clone(),
+        item: item.id.clone(),
+        question_id: q.id.clone(),
+        category: q.category.clone(),
+        abstention: q.abstention,
+        prediction: None,
+        evidence: evidence_refs(evidence),
+        recall: metrics::turn_recall(&q.evidence, &turns),
+        session_recall: metrics::session_recall(&q.evidence_sessions, &turns),
+        f1: None,
+        judge_correct: None,
+        judge_raw: None,
+        plan_tokens: 0,
+        answer_tokens: 0,
+        judge_tokens: 0,
+        context_tokens: evidence
+            .iter()
+            .map(|e| u64::from(estimate_tokens(&e.evidence.text)))
+            .sum(),
+        llm_calls: 0,
+        retrieval_ms,
+        answer_ms: 0.0,
+        plan_fallback: None,
+        note: None,
+    }
+}
+
+/// Answers and judges (unless retrieval-only).
+fn finish(
+    p: &mut Prediction,
+    kind: DatasetKind,
+    q: &Question,
+    evidence: &[EvidenceItem],
+    config: &Config,
+    spec: &RunSpec,
+    backends: &Backends,
+) -> Result<()> {
+    if spec.retrieval_only {
+        return Ok(());
+    }
+    let clock = Instant::now();
+    let reply = lycheemem_retrieve::answer(
+        backends.components.answer_llm.as_ref(),
+        &q.question,
+        q.date.as_deref(),
+        evidence,
+        &config.answer,
+    )?;
+    p.answer_ms = clock.elapsed().as_secs_f64() * 1e3;
+    p.answer_tokens = tokens(&reply.usage);
+    p.llm_calls += 1;
+    if kind == DatasetKind::Locomo {
+        p.f1 = Some(metrics::locomo_f1(
+            &reply.text,
+            &q.answer,
+            q.category_number,
+        ));
+    }
+    if let Some(judge) = &backends.judge {
+        let v = metrics::judge(judge.as_ref(), kind, q, &reply.text)?;
+        p.judge_correct = Some(v.correct);
+        p.judge_raw = Some(v.raw);
+        p.judge_tokens = tokens(&v.usage);
+    }
+    p.prediction = Some(reply.text);
+    Ok(())
+}
+
+/// The plan for a question, made once per (planner model, planner limits, question, date) and
+/// cached in `<cache>/plans.jsonl` for every variant and later run.
+fn plan_for(
+    q: &Question,
+    v: &Variant,
+    comps: &Components,
+    path: &Path,
+    plans: &mut HashMap<String, CachedPlan>,
+) -> Result<CachedPlan> {
+    let r = &v.config.retrieval;
+    let key_src = serde_json::json!({
+        "llm": comps.plan_llm.model_id(),
+        "question": q.question,
+        "date": q.date,
+        "limits": [r.planner_context_chars, r.max_queries, r.max_routes, r.max_queries_per_route, r.max_constraints],
+    });
+    let key = hex::encode(Sha256::digest(key_src.to_string().as_bytes()));
+    if let Some(p) = plans.get(&key) {
+        return Ok(p.clone());
+    }
+    let outcome = lycheemem_retrieve::planner::plan(
+        comps.plan_llm.as_ref(),
+        &q.question,
+        "",
+        q.date.as_deref(),
+        r,
+    );
+    let cached = CachedPlan {
+        key: key.clone(),
+        plan: outcome.plan,
+        fallback: outcome.fallback,
+        usage: outcome.usage.map(|mut u| {
+            u.purpose = Purpose::Plan;
+            u
+        }),
+    };
+    append_line(path, &cached)?;
+    plans.insert(key, cached.clone());
+    Ok(cached)
+}

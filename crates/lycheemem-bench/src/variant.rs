@@ -1,0 +1,148 @@
+//! The systems a benchmark compares, each a named configuration: the method (`full`), its
+//! construction ablations, its retrieval ablations, and two baselines that build no memory.
+
+use anyhow::{Result, bail};
+use lycheemem_core::Config;
+use lycheemem_core::config::{RecordStyle, SegmentPolicy};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// Every variant name, in report order.
+pub const VARIANTS: [&str; 12] = [
+    "full",
+    "eager",
+    "fixed_window",
+    "summary_records",
+    "no_cross_segment_context",
+    "record_vector_only",
+    "no_planner",
+    "no_fusion",
+    "no_rerank",
+    "no_lexical",
+    "naive_rag",
+    "full_context",
+];
+
+/// How a variant answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VariantKind {
+    /// A lycheemem memory built with `config` and searched with `config.retrieval`.
+    Memory,
+    /// Fixed chunks of raw turns, vector top-k, the same answer prompt.
+    NaiveRag,
+    /// The whole history in the answer prompt, truncated to the model's context.
+    FullContext,
+}
+
+/// A named configuration.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    pub name: String,
+    pub kind: VariantKind,
+    pub config: Config,
+}
+
+impl Variant {
+    /// The variant `name` derived from the base configuration (models, k and constants shared).
+    pub fn new(name: &str, base: &Config) -> Result<Variant> {
+        let mut config = base.clone();
+        let kind = match name {
+            "naive_rag" => VariantKind::NaiveRag,
+            "full_context" => VariantKind::FullContext,
+            _ => VariantKind::Memory,
+        };
+        match name {
+            "full" | "naive_rag" | "full_context" => {}
+            "eager" => config.segment.policy = SegmentPolicy::PerExchange,
+            "fixed_window" => config.segment.policy = SegmentPolicy::FixedWindow,
+            "summary_records" => config.encode.record_style = RecordStyle::SummaryRecords,
+            "no_cross_segment_context" => config.encode.cross_segment_context = false,
+            "record_vector_only" | "no_planner" | "no_fusion" | "no_rerank" | "no_lexical" => {
+                config.retrieval.apply_ablation(name)?
+            }
+            other => bail!("unknown variant {other:?}; known: {}", VARIANTS.join(", ")),
+        }
+        Ok(Variant {
+            name: name.to_string(),
+            kind,
+            config,
+        })
+    }
+
+    /// Whether questions need the planner LLM.
+    pub fn plans(&self) -> bool {
+        self.kind == VariantKind::Memory && self.config.retrieval.planner
+    }
+
+    /// Hash of everything that shapes the constructed memory (embedder, encoder LLM,
+    /// segmentation, encoding, organization, index settings, ingestion protocol) and nothing
+    /// that only shapes retrieval: variants with equal hashes share one built memory.
+    pub fn construction_hash(&self) -> String {
+        construction_hash(&self.config)
+    }
+}
+
+/// Bumped whenever the way benchmark turns are fed to the memory changes.
+pub const INGEST_PROTOCOL: u32 = 1;
+
+/// See [`Variant::construction_hash`].
+pub fn construction_hash(config: &Config) -> String {
+    let key = serde_json::json!({
+        "protocol": INGEST_PROTOCOL,
+        "embedder": config.models.embedder,
+        "encode_llm": config.models.encode_llm,
+        "segment": config.segment,
+        "encode": config.encode,
+        "organize": config.organize,
+        "store": config.store,
+    });
+    hex::encode(Sha256::digest(key.to_string().as_bytes()))[..12].to_string()
+}
+
+/// Hash of a whole configuration (recorded in reports).
+pub fn config_hash(config: &Config) -> String {
+    let json = serde_json::to_string(config).unwrap_or_default();
+    hex::encode(Sha256::digest(json.as_bytes()))[..12].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retrieval_ablations_share_the_construction_and_construction_ablations_do_not() {
+        let base = Config::default();
+        let full = Variant::new("full", &base).unwrap();
+        for name in [
+            "record_vector_only",
+            "no_planner",
+            "no_fusion",
+            "no_rerank",
+            "no_lexical",
+        ] {
+            let v = Variant::new(name, &base).unwrap();
+            assert_eq!(v.construction_hash(), full.construction_hash(), "{name}");
+            assert_ne!(config_hash(&v.config), config_hash(&full.config), "{name}");
+        }
+        for name in [
+            "eager",
+            "fixed_window",
+            "summary_records",
+            "no_cross_segment_context",
+        ] {
+            let v = Variant::new(name, &base).unwrap();
+            assert_ne!(v.construction_hash(), full.construction_hash(), "{name}");
+        }
+        assert!(full.plans());
+        assert!(!Variant::new("no_planner", &base).unwrap().plans());
+        assert_eq!(
+            Variant::new("naive_rag", &base).unwrap().kind,
+            VariantKind::NaiveRag
+        );
+        assert!(Variant::new("bogus", &base).is_err());
+        for name in VARIANTS {
+            Variant::new(name, &base).unwrap();
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The harness end to end on a tiny LoCoMo-shaped file with scripted models: construction is
+//! cached and shared by retrieval variants, predictions are checkpointed and a rerun makes no
+//! new calls, reports are written, and evidence recall reflects what was retrieved.
+
+use lycheemem::Components;
+use lycheemem_bench::run::{self, Backends, RunSpec};
+use lycheemem_bench::{RunMeta, dataset, write_reports};
+use lycheemem_core::Config;
+use lycheemem_testkit::{HashEmbedder, ScriptedLlm, echo_encoder_reply};
+use std::sync::Arc;
+
+fn locomo_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let turns1 = serde_json::json!([
+        {"speaker": "Ann", "dia_id": "D1:1", "text": "I adopted a tabby cat named Miso last week."},
+        {"speaker": "Bob", "dia_id": "D1:2", "text": "Congratulations on Miso the tabby cat!"},
+        {"speaker": "Ann", "dia_id": "D1:3", "text": "She sleeps on my keyboard all day."},
+        {"speaker": "Bob", "dia_id": "D1:4", "text": "I started training for a marathon in Berlin."}
+    ]);
+    let turns2 = serde_json::json!([
+        {"speaker": "Bob", "dia_id": "D2:1", "text": "The Berlin marathon is in September."},
+        {"speaker": "Ann", "dia_id": "D2:2", "text": "Good luck with the marathon training!"}
+    ]);
+    let data = serde_json::json!([{
+        "sample_id": "conv-x",
+        "conversation": {
+            "speaker_a": "Ann", "speaker_b": "Bob",
+            "session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": turns1,
+            "session_2_date_time": "2:00 pm on 20 May, 2023", "session_2": turns2
+        },
+        "qa": [
+            {"question": "What is the name of Ann's cat?", "answer": "Miso", "evidence": ["D1:1"], "category": 4},
+            {"question": "Which city is Bob's marathon in?", "answer": "Berlin", "evidence": ["D1:4", "D2:1"], "category": 1},
+            {"question": "Trick question?", "adversarial_answer": "x", "evidence": [], "category": 5}
+        ]
+    }]);
+    let path = dir.join("locomo_tiny.json");
+    std::fs::write(&path, data.to_string()).unwrap();
+    path
+}
+
+fn backends(llm: Arc<ScriptedLlm>, judge: Arc<ScriptedLlm>) -> Backends {
+    Backends {
+        components: Components {
+            embedder: Arc::new(HashEmbedder::new(64)),
+            reranker: None,
+            encode_llm: llm.clone(),
+            plan_llm: llm.clone(),
+            answer_llm: llm,
+        },
+        judge: Some(judge),
+    }
+}
+
+#[test]
+fn a_run_caches_checkpoints_scores_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    assert_eq!(data.items[0].questions.len(), 3);
+    let llm = Arc::new(ScriptedLlm::responding(|m| {
+        let system = m.first().map_or("", |m| m.content.as_str());
+        let user = m.last().map_or("", |m| m.content.as_str());
+        if user.contains("Segment turns:") {
+            echo_encoder_reply(user)
+        } else if system.contains("You plan memory retrieval") {
+            r#"{"question_type": "single", "semantic_queries": [], "temporal_filter": null, "routes": [{"route_id": "r1", "goal": "find it", "queries": [], "constraints": [], "temporal_filter": null}]}"#.into()
+        } else {
+            "Miso".into()
+        }
+    }));
+    let judge = Arc::new(ScriptedLlm::responding(|m| {
+        let user = m.last().map_or("", |m| m.content.as_str());
+        if user.contains("Gold answer: Miso") {
+            r#"{"verdict": "CORRECT"}"#.into()
+        } else {
+            r#"{"verdict": "WRONG"}"#.into()
+        }
+    }));
+    let spec = RunSpec {
+        dataset: dir.path().join("locomo_tiny.json"),
+        variants: vec![
+            "full".into(),
+            "no_planner".into(),
+            "record_vector_only".into(),
+            "naive_rag".into(),
+            "full_context".into(),
+        ],
+        out: dir.path().join("results"),
+        cache: dir.path().join("cache"),
+        items: vec![],
+        categories: vec![],
+        limit: None,
+        seed: 7,
+        retrieval_only: false,
+        top_k: 15,
+        naive_chunk_turns: 2,
+        full_context_reserve: 1024,
+    };
+    let b = backends(llm.clone(), judge.clone());
+    let mut lines = Vec::new();
+    run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();
+    let preds = run::predictions(&spec.out).unwrap();
+    // Category 5 is not selected by default: 2 questions × 5 variants.
+    assert_eq!(preds.len(), 10, "{lines:#?}");
+    for p in &preds {
+        assert!(p.prediction.is_some());
+        assert!(p.recall.is_some(), "{p:?}");
+        assert!(p.f1.is_some());
+        assert_eq!(p.judge_correct, Some(p.question_id == "conv-x-q1"), "{p:?}");
+    }
+    // Everything is found in a memory this small (k = 15 covers every item).
+    let full_context: Vec<_> = preds
+        .iter()
+        .filter(|p| p.variant == "full_context")
+        .collect();
+    assert!(full_context.iter().all(|p| p.recall == Some(1.0)));
+    // One construction shared by the three memory variants; one plan per question.
+    let builds = run::constructions(&spec.out).unwrap();
+    assert_eq!(builds.iter().filter(|b| b.report.hash != "none").count(), 3);
+    let hashes: std::collections::BTreeSet<_> = builds
+        .iter()
+        .filter(|b| b.report.hash != "none")
+        .map(|b| b.report.hash.clone())
+        .collect();
+    assert_eq!(hashes.len(), 1);
+    assert!(builds[0].report.segments >= 1 && builds[0].report.records >= 6);
+    let plans = std::fs::read_to_string(spec.cache.join("plans.jsonl")).unwrap();
+    assert_eq!(plans.lines().count(), 2, "plans are made once per question");
+    // A rerun finds every prediction checkpointed and calls no model.
+    let calls = (llm.calls(), judge.calls());
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    assert_eq!((llm.calls(), judge.calls()), calls);
+    assert_eq!(run::predictions(&spec.out).unwrap().len(), 10);
+    // A new results folder reuses the cached memory and plans: only answers and verdicts.
+    let spec2 = RunSpec {
+        out: dir.path().join("results2"),
+        variants: vec!["no_lexical".into()],
+        ..spec.clone()
+    };
+    run::run(&data, &spec2, &Config::default(), &b, &mut |_| {}).unwrap();
+    assert_eq!(
+        llm.calls(),
+        calls.0 + 2,
+        "two answers, no encoding, no planning"
+    );
+    let md = write_reports(
+        &spec.out,
+        &RunMeta {
+            command: "test".into(),
+            dataset: "locomo_tiny.json".into(),
+            dataset_sha256: data.sha256.clone(),
+            top_k: 15,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(md.contains("| full |"), "{md}");
+    assert!(md.contains("single_hop (n=1)"), "{md}");
+    for f in [
+        "summary.md",
+        "summary.json",
+        "run.json",
+        "categories.svg",
+        "quality_vs_construction_tokens.svg",
+    ] {
+        assert!(spec.out.join(f).exists(), "{f}");
+    }
+}
+
+#[test]
+fn a_killed_construction_resumes_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let llm = Arc::new(ScriptedLlm::echo_encoder());
+    let cfg = Config::default();
+    let hash = lycheemem_bench::variant::construction_hash(&cfg);
+    let cache = dir.path().join("cache");
+    let comps = backends(llm.clone(), llm.clone()).components;
+    // Build only the first session, as a run killed after it would have.
+    let mut partial = data.items[0].clone();
+    partial.sessions.truncate(1);
+    {
+        let (memory, _, _) = lycheemem_bench::construct::build_or_open(
+            &cache,
+            data.kind,
+            &partial,
+            &cfg,
+            &hash,
+            comps.clone(),
+            &mut |_| {},
+        )
+        .unwrap();
+        drop(memory);
+        let (_, marker) = lycheemem_bench::construct::paths(&cache, data.kind, "conv-x", &hash);
+        std::fs::remove_file(marker).unwrap();
+    }
+    let calls = llm.calls();
+    let (_, report, cached) = lycheemem_bench::construct::build_or_open(
+        &cache,
+        data.kind,
+        &data.items[0],
+        &cfg,
+        &hash,
+        comps,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(!cached);
+    assert_eq!(report.turns, 6, "session 1 kept, session 2 added");
+    assert!(llm.calls() > calls, "only the new session is encoded");
+    assert_eq!(report.encode_calls as usize, llm.calls());
+}

@@ -1,0 +1,174 @@
+//! `lycheemem bench run` and `lycheemem bench report`: the LoCoMo / LongMemEval harness of
+//! `lycheemem-bench` with models from the usual configuration flags.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use lycheemem_bench::run::{self, Backends, RunSpec};
+use lycheemem_bench::{RunMeta, VARIANTS, Variant, dataset, report, variant};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::settings::{ModelArgs, load_components};
+
+#[derive(Args)]
+pub struct BenchRunArgs {
+    /// LoCoMo (`locomo_dev8.json`) or LongMemEval (`.json` or `.json.zst`) file.
+    #[arg(long)]
+    dataset: PathBuf,
+    /// Comma-separated variants (see `lycheemem bench run --help`): full, eager, fixed_window,
+    /// summary_records, no_cross_segment_context, record_vector_only, no_planner, no_fusion,
+    /// no_rerank, no_lexical, naive_rag, full_context.
+    #[arg(long, value_delimiter = ',', default_value = "full,naive_rag")]
+    variants: Vec<String>,
+    /// Results folder (checkpoints and reports; rerunning continues it).
+    #[arg(long)]
+    out: PathBuf,
+    /// Built memories and cached plans, shared by runs.
+    #[arg(long, env = "LYCHEEMEM_BENCH_CACHE")]
+    cache: Option<PathBuf>,
+    /// Only these items (LoCoMo sample_ids / LongMemEval question_ids), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    items: Vec<String>,
+    /// Only these categories (names, or LoCoMo numbers 1-5). Default: LoCoMo 1-4, every
+    /// LongMemEval type.
+    #[arg(long, value_delimiter = ',')]
+    categories: Vec<String>,
+    /// At most this many questions, stratified by category.
+    #[arg(long)]
+    limit: Option<usize>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Retrieval and evidence recall only: no answer or judge calls.
+    #[arg(long)]
+    retrieval_only: bool,
+    /// Evidence items per question, the same for every variant.
+    #[arg(long, default_value_t = 15)]
+    top_k: usize,
+    /// Turns per naive_rag chunk.
+    #[arg(long, default_value_t = 2)]
+    naive_chunk_turns: usize,
+    /// Judge LLM (default: the answer LLM).
+    #[arg(long, env = "LYCHEEMEM_JUDGE_LLM")]
+    judge_llm: Option<String>,
+    #[command(flatten)]
+    models: ModelArgs,
+}
+
+#[derive(Args)]
+pub struct BenchReportArgs {
+    /// A results folder written by `lycheemem bench run`.
+    out: PathBuf,
+}
+
+fn default_cache() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(".cache/lycheemem/bench")
+}
+
+pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
+    let base = args.models.config()?;
+    for v in &args.variants {
+        Variant::new(v, &base).with_context(|| format!("variants: {}", VARIANTS.join(", ")))?;
+    }
+    let data = dataset::load(&args.dataset)?;
+    eprintln!(
+        "{}: {} items, {} questions, {} parser notes{}",
+        args.dataset.display(),
+        data.items.len(),
+        data.items.iter().map(|i| i.questions.len()).sum::<usize>(),
+        data.skipped.len(),
+        data.skipped
+            .first()
+            .map(|s| format!(" (e.g. {s})"))
+            .unwrap_or_default()
+    );
+    let components = load_components(&base, models_dir)?;
+    let judge_spec = args
+        .judge_llm
+        .clone()
+        .unwrap_or_else(|| base.models.answer_llm.clone());
+    let judge = if args.retrieval_only {
+        None
+    } else if judge_spec == base.models.answer_llm {
+        Some(components.answer_llm.clone())
+    } else {
+        let mut cfg = base.clone();
+        cfg.models.answer_llm = judge_spec.clone();
+        Some(load_components(&cfg, models_dir)?.answer_llm)
+    };
+    let spec = RunSpec {
+        dataset: args.dataset.clone(),
+        variants: args.variants.clone(),
+        out: args.out.clone(),
+        cache: args.cache.clone().unwrap_or_else(default_cache),
+        items: args.items.clone(),
+        categories: args.categories.clone(),
+        limit: args.limit,
+        seed: args.seed,
+        retrieval_only: args.retrieval_only,
+        top_k: args.top_k,
+        naive_chunk_turns: args.naive_chunk_turns,
+        full_context_reserve: 1024,
+    };
+    let mut models = BTreeMap::new();
+    models.insert("embedder".to_string(), base.models.embedder.clone());
+    models.insert("encode LLM".to_string(), base.models.encode_llm.clone());
+    models.insert("plan LLM".to_string(), base.models.plan_llm.clone());
+    if !args.retrieval_only {
+        models.insert("answer LLM".to_string(), base.models.answer_llm.clone());
+        models.insert("judge LLM".to_string(), judge_spec);
+    }
+    models.insert(
+        "reranker".to_string(),
+        if base.models.reranker.is_empty() {
+            "none".to_string()
+        } else {
+            base.models.reranker.clone()
+        },
+    );
+    let meta = RunMeta {
+        command: format!(
+            "lycheemem {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        ),
+        commit: report::commit(),
+        dataset: args
+            .dataset
+            .file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+        dataset_sha256: data.sha256.clone(),
+        models,
+        config_hashes: args
+            .variants
+            .iter()
+            .filter_map(|v| Variant::new(v, &base).ok())
+            .map(|v| (v.name.clone(), variant::config_hash(&v.config)))
+            .collect(),
+        machine: report::machine(),
+        date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        top_k: args.top_k,
+        retrieval_only: args.retrieval_only,
+        dataset_notes: data.skipped.len(),
+    };
+    std::fs::create_dir_all(&args.out)?;
+    let backends = Backends { components, judge };
+    let result = run::run(&data, &spec, &base, &backends, &mut |line| {
+        eprintln!("{line}")
+    });
+    // Reports cover whatever is checkpointed, also after a failure.
+    let md = lycheemem_bench::write_reports(&args.out, &meta)?;
+    result?;
+    println!("{md}");
+    Ok(())
+}
+
+pub fn report(args: BenchReportArgs) -> Result<()> {
+    let path = args.out.join("run.json");
+    let meta: RunMeta = serde_json::from_slice(
+        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+    )?;
+    println!("{}", lycheemem_bench::write_reports(&args.out, &meta)?);
+    Ok(())
+}
