@@ -321,6 +321,15 @@ pub fn run(
         .with_context(|| format!("creating {}", spec.out.display()))?;
     std::fs::create_dir_all(&spec.cache)
         .with_context(|| format!("creating {}", spec.cache.display()))?;
+    for v in variants.iter().filter(|v| v.kind == VariantKind::Memory) {
+        progress(format!(
+            "{}: memories under {}/{}.<item>-{}",
+            v.name,
+            spec.cache.display(),
+            dataset.kind.as_str(),
+            v.construction_hash()
+        ));
+    }
     let selected = select(dataset, spec);
     let mut done: HashSet<(String, String)> = predictions(&spec.out)?
         .into_iter()

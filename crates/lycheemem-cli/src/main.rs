@@ -14,6 +14,7 @@ mod locomo_text;
 mod memory_cmd;
 mod models_cmd;
 mod reference_run;
+mod server_cmd;
 mod settings;
 mod synthetic;
 
@@ -64,6 +65,12 @@ enum Command {
     Stats(memory_cmd::StatsArgs),
     /// Re-run segmentation and encoding over the stored raw turns with the current models.
     Rederive(memory_cmd::RederiveArgs),
+    /// Serve the memory over HTTP (JSON API, OpenAPI at /openapi.json, MCP at /mcp).
+    Serve(Box<server_cmd::ServeArgs>),
+    /// Serve one namespace over MCP on stdin/stdout (for MCP clients that spawn a process).
+    Mcp(server_cmd::McpArgs),
+    /// Manage the server's API keys (each key is confined to one namespace).
+    Keys(server_cmd::KeysArgs),
     /// Benchmarks comparing lycheemem's components with reference implementations.
     Bench {
         #[command(subcommand)]
@@ -109,6 +116,9 @@ fn main() -> ExitCode {
         Command::Import(args) => memory_cmd::import(&models_dir, args),
         Command::Stats(args) => memory_cmd::stats(args),
         Command::Rederive(args) => memory_cmd::rederive(&models_dir, args),
+        Command::Serve(args) => server_cmd::serve(&models_dir, *args),
+        Command::Mcp(args) => server_cmd::mcp(&models_dir, args),
+        Command::Keys(args) => server_cmd::keys(args),
         Command::Bench {
             what: BenchWhat::Embed(args),
         } => bench_embed::run(&models_dir, args),

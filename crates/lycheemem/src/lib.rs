@@ -30,8 +30,8 @@ mod memory;
 
 pub use components::Components;
 pub use memory::{
-    Answer, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory, NewTurn,
-    QueryOptions, RederiveReport, SegmentSummary,
+    Answer, AppendReceipt, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory,
+    NewTurn, QueryOptions, RederiveReport, SegmentSummary,
 };
 
 pub use lycheemem_core as core;

@@ -103,6 +103,14 @@ impl IngestReceipt {
     }
 }
 
+/// Where [`Memory::append_turns`] stored a batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendReceipt {
+    /// Index of the first stored turn in its session.
+    pub first_index: u32,
+    pub count: u64,
+}
+
 /// One finalized segment as reported to the caller.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SegmentSummary {
@@ -178,7 +186,11 @@ pub struct Memory {
     components: Components,
     encoder: SegmentEncoder,
     segmenter: Segmenter,
-    /// Serializes ingestion (per-session state is read, advanced and written back).
+    /// Serializes turn appends (index allocation). Taken before `ingest` when both are held.
+    append: Mutex<()>,
+    /// Serializes processing (per-session state is read, advanced and written back) and the
+    /// operations that rewrite derived data. Appends do not wait for it, so turns are
+    /// acknowledged while a segment is being encoded.
     ingest: Mutex<()>,
 }
 
@@ -208,6 +220,7 @@ impl Memory {
             components,
             encoder,
             segmenter,
+            append: Mutex::new(()),
             ingest: Mutex::new(()),
         })
     }
@@ -233,6 +246,16 @@ impl Memory {
         self.ingest.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn lock_append(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.append.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Both locks, for operations that rewrite a session's turns or derived data.
+    fn lock_all(&self) -> (std::sync::MutexGuard<'_, ()>, std::sync::MutexGuard<'_, ()>) {
+        let append = self.lock_append();
+        (append, self.lock())
+    }
+
     /// Stores turns of `session` (creating it, with `date`, if new; a given date updates it)
     /// and advances segmentation; segments that finalize are encoded and stored.
     pub fn add_turns(
@@ -242,6 +265,24 @@ impl Memory {
         date: Option<&str>,
         turns: Vec<NewTurn>,
     ) -> Result<IngestReceipt> {
+        let appended = self.append_turns(ns, session, date, turns)?;
+        let mut receipt = self.process(ns, session)?;
+        receipt.turns_stored = appended.count;
+        Ok(receipt)
+    }
+
+    /// Stores turns durably (validated, embedded) without segmenting or encoding them; call
+    /// [`Memory::process`] later (e.g. from a background worker). Returns where they went.
+    pub fn append_turns(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        date: Option<&str>,
+        turns: Vec<NewTurn>,
+    ) -> Result<AppendReceipt> {
+        if turns.is_empty() {
+            return Err(Error::InvalidInput("no turns given".into()));
+        }
         for (i, t) in turns.iter().enumerate() {
             if t.text.trim().is_empty() {
                 return Err(Error::InvalidInput(format!(
@@ -262,7 +303,7 @@ impl Memory {
                 "session date {d:?} is not a date (try YYYY-MM-DD)"
             )));
         }
-        let _guard = self.lock();
+        let _guard = self.lock_append();
         let existing = self.store.session(ns, session)?;
         if existing.is_none() || date.is_some() {
             let mut info = existing.unwrap_or_else(|| SessionInfo::new(session.clone(), None));
@@ -306,9 +347,32 @@ impl Memory {
                 .zip(vectors.into_iter().map(Some))
                 .collect(),
         )?;
-        let mut receipt = self.advance(ns, session, false)?;
-        receipt.turns_stored = n;
-        Ok(receipt)
+        Ok(AppendReceipt {
+            first_index: start,
+            count: n,
+        })
+    }
+
+    /// Segments (and encodes) the turns of a session stored but not yet processed.
+    pub fn process(&self, ns: &Namespace, session: &SessionId) -> Result<IngestReceipt> {
+        let _guard = self.lock();
+        self.advance(ns, session, false)
+    }
+
+    /// Sessions of a namespace holding stored turns that were never processed (e.g. appended
+    /// before a shutdown), with the number of such turns.
+    pub fn unprocessed_sessions(&self, ns: &Namespace) -> Result<Vec<(SessionId, u32)>> {
+        let mut out = Vec::new();
+        if !self.store.has_namespace(ns)? {
+            return Ok(out);
+        }
+        for s in self.store.sessions(ns)? {
+            let state = self.load_state(ns, &s.id)?;
+            if s.turn_count > state.next_turn {
+                out.push((s.id.clone(), s.turn_count - state.next_turn));
+            }
+        }
+        Ok(out)
     }
 
     /// Closes a session: the pending exchange and the active segment are finalized and encoded.
@@ -561,7 +625,7 @@ impl Memory {
         delete: impl FnOnce(&Store) -> Result<DeleteReceipt>,
         removed: impl Fn(&DeleteReceipt) -> u64,
     ) -> Result<DeleteReceipt> {
-        let _guard = self.lock();
+        let _guards = self.lock_all();
         let r = delete(&self.store)?;
         if removed(&r) == 0 {
             return Err(Error::NotFound(format!("{what} in namespace {ns}")));
@@ -589,7 +653,7 @@ impl Memory {
     }
 
     pub fn delete_namespace(&self, ns: &Namespace) -> Result<DeleteReceipt> {
-        let _guard = self.lock();
+        let _guards = self.lock_all();
         self.require_namespace(ns)?;
         self.store.delete_namespace(ns)
     }
@@ -610,7 +674,7 @@ impl Memory {
         ns: &Namespace,
         input: &mut dyn std::io::BufRead,
     ) -> Result<ImportReceipt> {
-        let _guard = self.lock();
+        let _guards = self.lock_all();
         let embedder = self.components.embedder.clone();
         let embed = move |texts: &[String]| -> Result<Vec<Vec<f32>>> {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -638,7 +702,7 @@ impl Memory {
     /// current models, prompts and config, and reports which record texts changed.
     pub fn rederive(&self, ns: &Namespace) -> Result<RederiveReport> {
         self.require_namespace(ns)?;
-        let _guard = self.lock();
+        let _guards = self.lock_all();
         let before: BTreeSet<String> = self
             .store
             .all_records(ns)?

@@ -1,0 +1,150 @@
+//! `lycheemem serve` (HTTP API + MCP over HTTP), `lycheemem mcp` (MCP over stdio) and
+//! `lycheemem keys` (API keys → namespaces).
+
+use anyhow::{Result, bail};
+use clap::{Args, Subcommand};
+use lycheemem_core::Namespace;
+use lycheemem_server::keys::KeyStore;
+use lycheemem_server::{ServerConfig, api::Limits};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::settings::MemoryArgs;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    memory: MemoryArgs,
+    /// Address to listen on (loopback unless --allow-remote).
+    #[arg(long, env = "LYCHEEMEM_BIND", default_value = "127.0.0.1:7411")]
+    bind: SocketAddr,
+    /// Allow a non-loopback --bind.
+    #[arg(long)]
+    allow_remote: bool,
+    /// API key file (`lycheemem keys add` writes it; default <store>/keys.json).
+    #[arg(long, env = "LYCHEEMEM_KEYS")]
+    keys: Option<PathBuf>,
+    /// Largest accepted request body, bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Per-request time limit, seconds.
+    #[arg(long, default_value_t = 300)]
+    timeout_secs: u64,
+    /// Encoding jobs queued before new turns get 429.
+    #[arg(long, default_value_t = 256)]
+    queue: usize,
+    /// How long shutdown waits for queued encoding, seconds (the rest resumes at next start).
+    #[arg(long, default_value_t = 600)]
+    drain_secs: u64,
+}
+
+#[derive(Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    memory: MemoryArgs,
+}
+
+#[derive(Subcommand)]
+pub enum KeysAction {
+    /// Create a key for a namespace (printed once; only its hash is stored).
+    Add {
+        #[arg(long, short = 'n')]
+        namespace: String,
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// List keys (ids and namespaces; never the keys).
+    List,
+    /// Revoke a key by id.
+    Revoke { id: String },
+}
+
+#[derive(Args)]
+pub struct KeysArgs {
+    /// API key file.
+    #[arg(long, env = "LYCHEEMEM_KEYS")]
+    keys: Option<PathBuf>,
+    /// Store directory (the key file defaults to <store>/keys.json).
+    #[arg(long, env = "LYCHEEMEM_STORE", default_value = "lycheemem-data")]
+    store: PathBuf,
+    #[command(subcommand)]
+    action: KeysAction,
+}
+
+pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
+    if !args.bind.ip().is_loopback() && !args.allow_remote {
+        bail!(
+            "{} is not a loopback address; pass --allow-remote to expose the server",
+            args.bind
+        );
+    }
+    let keys_path = args
+        .keys
+        .clone()
+        .unwrap_or_else(|| args.memory.store.join("keys.json"));
+    let keys = KeyStore::load(&keys_path)?;
+    if keys.is_empty() {
+        eprintln!(
+            "warning: no API keys in {}; create one with `lycheemem keys add --namespace NAME`",
+            keys_path.display()
+        );
+    }
+    let memory = Arc::new(args.memory.open(models_dir)?);
+    lycheemem_server::run(
+        memory,
+        keys,
+        ServerConfig {
+            bind: args.bind,
+            allow_remote: args.allow_remote,
+            max_body_bytes: args.max_body_bytes,
+            request_timeout: Duration::from_secs(args.timeout_secs),
+            queue_capacity: args.queue,
+            drain_timeout: Duration::from_secs(args.drain_secs),
+            limits: Limits::default(),
+        },
+    )
+}
+
+pub fn mcp(models_dir: &Path, args: McpArgs) -> Result<()> {
+    let ns = args.memory.namespace()?;
+    let memory = Arc::new(args.memory.open(models_dir)?);
+    lycheemem_server::mcp::run_stdio(memory, ns)
+}
+
+pub fn keys(args: KeysArgs) -> Result<()> {
+    let path = args.keys.unwrap_or_else(|| args.store.join("keys.json"));
+    let mut store = KeyStore::load(&path)?;
+    match args.action {
+        KeysAction::Add { namespace, label } => {
+            let ns = Namespace::new(namespace)?;
+            let (entry, key) = store.add(&ns, label)?;
+            eprintln!(
+                "created {} for namespace {} in {} (the key is shown only now):",
+                entry.id,
+                entry.namespace,
+                path.display()
+            );
+            println!("{key}");
+        }
+        KeysAction::List => {
+            for e in store.entries() {
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    e.id,
+                    e.namespace,
+                    e.created,
+                    e.label.as_deref().unwrap_or("")
+                );
+            }
+        }
+        KeysAction::Revoke { id } => {
+            if !store.revoke(&id)? {
+                bail!("no key {id} in {}", path.display());
+            }
+            println!("revoked {id}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,29 @@
+//! Test support for `tests/server.rs`: the stdio MCP server over a memory in the folder given
+//! as the first argument, with test doubles for the models (scripted LLM, bag-of-words
+//! embedder). `lycheemem mcp` is the real command.
+
+use lycheemem::{Components, Memory};
+use lycheemem_core::{Config, Namespace};
+use lycheemem_testkit::{HashEmbedder, ScriptedLlm, echo_encoder_reply};
+use std::sync::Arc;
+
+fn main() -> anyhow::Result<()> {
+    let dir = std::env::args().nth(1).expect("a store folder");
+    let llm = Arc::new(ScriptedLlm::responding(|m| {
+        let user = m.last().map_or("", |m| m.content.as_str());
+        if user.contains("Segment turns:") {
+            echo_encoder_reply(user)
+        } else {
+            "scripted answer".into()
+        }
+    }));
+    let components = Components {
+        embedder: Arc::new(HashEmbedder::new(64)),
+        reranker: None,
+        encode_llm: llm.clone(),
+        plan_llm: llm.clone(),
+        answer_llm: llm,
+    };
+    let memory = Arc::new(Memory::with_components(dir, Config::default(), components)?);
+    lycheemem_server::mcp::run_stdio(memory, Namespace::new("stdio")?)
+}

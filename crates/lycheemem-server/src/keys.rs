@@ -1,0 +1,212 @@
+//! API keys. Each key maps to one namespace; only its SHA-256 is stored (keys are 160 random
+//! bits, so a plain hash cannot be brute-forced). Lookups hash the presented key and compare it
+//! with every stored hash in constant time.
+
+use anyhow::{Context, Result, bail};
+use lycheemem_core::Namespace;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+/// One key as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    /// Public identifier (for listing and revoking).
+    pub id: String,
+    pub namespace: String,
+    /// Hex SHA-256 of the key.
+    pub sha256: String,
+    pub created: String,
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    keys: Vec<KeyEntry>,
+}
+
+/// The key file (JSON) and its entries.
+#[derive(Debug, Clone, Default)]
+pub struct KeyStore {
+    path: Option<PathBuf>,
+    entries: Vec<KeyEntry>,
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// Equality without an early exit.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl KeyStore {
+    /// Loads `path` (a missing file is an empty store that `add` will create).
+    pub fn load(path: &Path) -> Result<KeyStore> {
+        let entries = match std::fs::read(path) {
+            Ok(bytes) => {
+                let file: KeyFile = serde_json::from_slice(&bytes)
+                    .with_context(|| format!("key file {} is not valid", path.display()))?;
+                for e in &file.keys {
+                    Namespace::new(e.namespace.clone())
+                        .with_context(|| format!("key {} in {}", e.id, path.display()))?;
+                    if hex::decode(&e.sha256).map_or(true, |h| h.len() != 32) {
+                        bail!(
+                            "key {} in {}: sha256 must be 64 hex digits",
+                            e.id,
+                            path.display()
+                        );
+                    }
+                }
+                file.keys
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        Ok(KeyStore {
+            path: Some(path.to_path_buf()),
+            entries,
+        })
+    }
+
+    /// A store held only in memory (tests, or keys passed programmatically).
+    pub fn in_memory() -> KeyStore {
+        KeyStore::default()
+    }
+
+    pub fn entries(&self) -> &[KeyEntry] {
+        &self.entries
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Creates a key for `namespace`, saves the file, and returns the key (shown once).
+    pub fn add(
+        &mut self,
+        namespace: &Namespace,
+        label: Option<String>,
+    ) -> Result<(KeyEntry, String)> {
+        let mut raw = [0u8; 20];
+        rand::rng().fill_bytes(&mut raw);
+        let key = format!("lmk_{}", hex::encode(raw));
+        let entry = KeyEntry {
+            id: format!("key_{}", &hex::encode(digest(&key))[..8]),
+            namespace: namespace.to_string(),
+            sha256: hex::encode(digest(&key)),
+            created: chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            label,
+        };
+        self.entries.push(entry.clone());
+        self.save()?;
+        Ok((entry, key))
+    }
+
+    /// Removes the key with this id; false when there is none.
+    pub fn revoke(&mut self, id: &str) -> Result<bool> {
+        let before = self.entries.len();
+        self.entries.retain(|e| e.id != id);
+        if self.entries.len() == before {
+            return Ok(false);
+        }
+        self.save()?;
+        Ok(true)
+    }
+
+    fn save(&self) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(&KeyFile {
+                keys: self.entries.clone(),
+            })?,
+        )?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        }
+        std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    }
+
+    /// Adds an entry for a known key without saving (tests, embedding).
+    pub fn insert_key(&mut self, key: &str, namespace: &Namespace) {
+        self.entries.push(KeyEntry {
+            id: format!("key_{}", &hex::encode(digest(key))[..8]),
+            namespace: namespace.to_string(),
+            sha256: hex::encode(digest(key)),
+            created: String::new(),
+            label: None,
+        });
+    }
+
+    /// The namespace of a presented key. Every entry is compared, in constant time each.
+    pub fn namespace_of(&self, key: &str) -> Option<Namespace> {
+        let presented = digest(key);
+        let mut found: Option<&KeyEntry> = None;
+        for e in &self.entries {
+            let stored = hex::decode(&e.sha256).unwrap_or_default();
+            if constant_time_eq(&stored, &presented) && found.is_none() {
+                found = Some(e);
+            }
+        }
+        found.and_then(|e| Namespace::new(e.namespace.clone()).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stored_hashed_and_map_to_their_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.json");
+        let mut store = KeyStore::load(&path).unwrap();
+        let (a, key_a) = store.add(&Namespace::new("alice").unwrap(), None).unwrap();
+        let (_, key_b) = store
+            .add(&Namespace::new("bob").unwrap(), Some("ci".into()))
+            .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(&key_a), "the key itself is never stored");
+        let reloaded = KeyStore::load(&path).unwrap();
+        assert_eq!(reloaded.namespace_of(&key_a).unwrap().as_str(), "alice");
+        assert_eq!(reloaded.namespace_of(&key_b).unwrap().as_str(), "bob");
+        assert!(reloaded.namespace_of("lmk_wrong").is_none());
+        assert!(reloaded.namespace_of("").is_none());
+        let mut store = reloaded;
+        assert!(store.revoke(&a.id).unwrap());
+        assert!(!store.revoke(&a.id).unwrap());
+        assert!(
+            KeyStore::load(&path)
+                .unwrap()
+                .namespace_of(&key_a)
+                .is_none()
+        );
+        std::fs::write(
+            &path,
+            r#"{"keys": [{"id": "x", "namespace": ".bad", "sha256": "00", "created": ""}]}"#,
+        )
+        .unwrap();
+        assert!(KeyStore::load(&path).is_err());
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

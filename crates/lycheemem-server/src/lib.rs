@@ -1,0 +1,272 @@
+//! The lycheemem memory server: an HTTP API (axum) with a generated OpenAPI document, MCP over
+//! streamable HTTP (at `/mcp`) and stdio, API keys that each confine a caller to one namespace,
+//! a bounded background queue for segment encoding, and Prometheus metrics.
+//!
+//! Nothing binds to a non-loopback address unless [`ServerConfig::allow_remote`] is set.
+
+pub mod api;
+pub mod error;
+pub mod keys;
+pub mod mcp;
+pub mod metrics;
+pub mod worker;
+
+use anyhow::{Context, Result, bail};
+use api::{AppState, Caller, Limits};
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use error::ApiError;
+use keys::KeyStore;
+use lycheemem::Memory;
+use metrics::Metrics;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub bind: SocketAddr,
+    /// Allow binding to a non-loopback address.
+    pub allow_remote: bool,
+    pub max_body_bytes: usize,
+    /// Per-request limit for `/v1` routes (504 past it).
+    pub request_timeout: Duration,
+    /// Jobs the encoding queue holds before new turns are refused with 429.
+    pub queue_capacity: usize,
+    /// How long shutdown waits for queued encoding before leaving it for the next start.
+    pub drain_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 7411)),
+            allow_remote: false,
+            max_body_bytes: 4 << 20,
+            request_timeout: Duration::from_secs(300),
+            queue_capacity: 256,
+            drain_timeout: Duration::from_secs(600),
+            limits: Limits::default(),
+        }
+    }
+}
+
+fn presented_key(req: &Request) -> Option<&str> {
+    let h = req.headers();
+    if let Some(v) = h
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        return v.strip_prefix("Bearer ").map(str::trim);
+    }
+    h.get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+async fn authenticate(State(keys): State<Arc<KeyStore>>, mut req: Request, next: Next) -> Response {
+    let Some(ns) = presented_key(&req).and_then(|k| keys.namespace_of(k)) else {
+        return ApiError::unauthorized().into_response();
+    };
+    req.extensions_mut().insert(Caller(ns));
+    next.run(req).await
+}
+
+async fn time_limit(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(
+            http::StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!("the request took longer than {limit:?}"),
+        )
+        .into_response(),
+    }
+}
+
+async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let method = req.method().to_string();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    metrics.record_request(
+        &method,
+        &route,
+        resp.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    resp
+}
+
+/// The full router: public `/health`, `/metrics`, `/openapi.json`; keyed `/v1/...` and `/mcp`.
+pub fn router(state: AppState, keys: Arc<KeyStore>, cfg: &ServerConfig) -> Router {
+    let v1 = Router::new()
+        .route("/v1/sessions", get(api::list_sessions))
+        .route(
+            "/v1/sessions/{session}",
+            get(api::get_session).delete(api::delete_session),
+        )
+        .route("/v1/sessions/{session}/turns", post(api::add_turns))
+        .route("/v1/sessions/{session}/flush", post(api::flush))
+        .route("/v1/search", post(api::search))
+        .route("/v1/answer", post(api::answer))
+        .route("/v1/records", get(api::list_records))
+        .route(
+            "/v1/records/{id}",
+            get(api::get_record).delete(api::delete_record),
+        )
+        .route("/v1/namespace", delete(api::delete_namespace))
+        .route("/v1/export", get(api::export))
+        .route("/v1/stats", get(api::stats))
+        .route("/v1/usage", get(api::usage))
+        .layer(middleware::from_fn_with_state(
+            cfg.request_timeout,
+            time_limit,
+        ));
+    let mcp = Router::new().nest_service("/mcp", mcp::http_service(state.clone(), cfg));
+    let keyed = v1
+        .merge(mcp)
+        .layer(middleware::from_fn_with_state(keys, authenticate));
+    Router::new()
+        .route("/health", get(api::health))
+        .route("/metrics", get(api::metrics))
+        .route("/openapi.json", get(api::openapi))
+        .merge(keyed)
+        .fallback(|| async {
+            ApiError::new(http::StatusCode::NOT_FOUND, "not_found", "no such route")
+        })
+        .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.metrics.clone(), track))
+        .with_state(state)
+}
+
+/// Queues every session (of every namespace) holding turns that were stored but never
+/// processed — work a previous shutdown left behind.
+async fn requeue_unprocessed(
+    memory: &Arc<Memory>,
+    queue: &mpsc::Sender<worker::Job>,
+    metrics: &Metrics,
+) -> Result<usize> {
+    let m = memory.clone();
+    let pending = tokio::task::spawn_blocking(move || -> lycheemem_core::Result<Vec<_>> {
+        let mut out = Vec::new();
+        for ns in m.store().namespaces()? {
+            for (session, _) in m.unprocessed_sessions(&ns)? {
+                out.push((ns.clone(), session));
+            }
+        }
+        Ok(out)
+    })
+    .await??;
+    let n = pending.len();
+    for (ns, session) in pending {
+        metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        queue
+            .send(worker::Job::Process { ns, session })
+            .await
+            .map_err(|_| anyhow::anyhow!("the worker stopped"))?;
+    }
+    Ok(n)
+}
+
+/// Serves on an already bound listener until `shutdown` resolves, then drains the queue.
+pub async fn serve_listener(
+    listener: tokio::net::TcpListener,
+    memory: Arc<Memory>,
+    keys: KeyStore,
+    cfg: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() && !cfg.allow_remote {
+        bail!(
+            "refusing to listen on {addr}: not a loopback address (pass --allow-remote to expose the server)"
+        );
+    }
+    if keys.is_empty() {
+        tracing::warn!("no API keys configured: every /v1 and /mcp request will be refused");
+    }
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
+    let worker = worker::spawn(memory.clone(), metrics.clone(), rx);
+    let requeued = requeue_unprocessed(&memory, &tx, &metrics).await?;
+    if requeued > 0 {
+        tracing::info!("re-queued {requeued} session(s) with unprocessed turns");
+    }
+    let state = AppState {
+        memory,
+        metrics,
+        queue: tx,
+        limits: cfg.limits.clone(),
+    };
+    let app = router(state, Arc::new(keys), &cfg);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving HTTP")?;
+    // The router (and with it every queue sender) is gone: the worker finishes the queue.
+    let drained = tokio::task::spawn_blocking(move || worker.join());
+    match tokio::time::timeout(cfg.drain_timeout, drained).await {
+        Ok(_) => tracing::info!("encoding queue drained"),
+        Err(_) => tracing::warn!(
+            "encoding did not finish within {:?}; the stored turns are processed at the next start",
+            cfg.drain_timeout
+        ),
+    }
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+/// Binds `cfg.bind` and serves until Ctrl-C / SIGTERM (blocking; builds its own runtime).
+pub fn run(memory: Arc<Memory>, keys: KeyStore, cfg: ServerConfig) -> Result<()> {
+    if !cfg.bind.ip().is_loopback() && !cfg.allow_remote {
+        bail!(
+            "refusing to listen on {}: not a loopback address (pass --allow-remote to expose the server)",
+            cfg.bind
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(cfg.bind)
+            .await
+            .with_context(|| format!("binding {}", cfg.bind))?;
+        eprintln!(
+            "lycheemem listening on http://{} (OpenAPI at /openapi.json, MCP at /mcp)",
+            listener.local_addr()?
+        );
+        serve_listener(listener, memory, keys, cfg, shutdown_signal()).await
+    })
+}

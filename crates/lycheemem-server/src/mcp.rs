@@ -1,0 +1,345 @@
+//! MCP tools over the same memory: `memory_add`, `memory_search`, `memory_answer`,
+//! `memory_delete`, `memory_stats`. Over streamable HTTP (`/mcp`) the namespace comes from the
+//! caller's API key and adds go through the background queue; over stdio it is configured and
+//! adds are encoded before the tool returns.
+
+use crate::api::{AppState, Caller};
+use crate::worker::Job;
+use lycheemem::{Memory, NewTurn, QueryOptions};
+use lycheemem_core::{Namespace, Role, SessionId};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{
+    ErrorData as McpError, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router,
+};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct TurnArg {
+    /// `user` (default), `assistant` or `system`.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// Speaker name in multi-party conversations.
+    #[serde(default)]
+    pub speaker: Option<String>,
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct AddArgs {
+    /// Session (conversation) id.
+    pub session: String,
+    /// Session date, e.g. 2024-05-01.
+    #[serde(default)]
+    pub date: Option<String>,
+    pub turns: Vec<TurnArg>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct QuestionArgs {
+    pub question: String,
+    /// Evidence items to return (at least 15).
+    #[serde(default)]
+    pub top_k: Option<usize>,
+    /// The question's date, e.g. 2024-06-01.
+    #[serde(default)]
+    pub date: Option<String>,
+}
+
+impl QuestionArgs {
+    fn options(&self) -> QueryOptions {
+        QueryOptions {
+            top_k: self.top_k.unwrap_or(0).min(100),
+            context: String::new(),
+            reference_date: self.date.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct DeleteArgs {
+    /// Delete this record.
+    #[serde(default)]
+    pub record_id: Option<String>,
+    /// Delete this session and everything derived from it.
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct StatsArgs {}
+
+/// How `memory_add` ingests.
+#[derive(Clone)]
+enum Ingest {
+    /// Encode before returning (stdio).
+    Direct,
+    /// Through the server's background queue.
+    Queued(AppState),
+}
+
+/// The MCP server.
+#[derive(Clone)]
+pub struct MemoryTools {
+    memory: Arc<Memory>,
+    /// The namespace when not taken from the HTTP request (stdio).
+    fixed: Option<Namespace>,
+    ingest: Ingest,
+}
+
+fn fail(message: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(message.into())])
+}
+
+fn ok_json(v: &impl serde::Serialize) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(
+        serde_json::to_string_pretty(v).unwrap_or_default(),
+    )])
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> lycheemem_core::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("worker task failed: {e}")),
+    }
+}
+
+impl MemoryTools {
+    /// Runs `f` on the caller's namespace off the async runtime and renders its result; a
+    /// failure becomes a tool error the client can read.
+    async fn with_memory<T: Send + 'static>(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        f: impl FnOnce(&Memory, &Namespace) -> lycheemem_core::Result<T> + Send + 'static,
+        render: impl FnOnce(T) -> CallToolResult,
+    ) -> Result<CallToolResult, McpError> {
+        let ns = self.namespace(ctx)?;
+        let memory = self.memory.clone();
+        Ok(match blocking(move || f(&memory, &ns)).await {
+            Ok(v) => render(v),
+            Err(e) => fail(e),
+        })
+    }
+
+    fn namespace(&self, ctx: &RequestContext<RoleServer>) -> Result<Namespace, McpError> {
+        if let Some(ns) = &self.fixed {
+            return Ok(ns.clone());
+        }
+        ctx.extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Caller>())
+            .map(|c| c.0.clone())
+            .ok_or_else(|| McpError::invalid_request("unauthenticated", None))
+    }
+}
+
+#[tool_router]
+impl MemoryTools {
+    #[tool(
+        description = "Store conversation turns in long-term memory. Turns are grouped into topic segments and turned into memory records."
+    )]
+    async fn memory_add(
+        &self,
+        Parameters(a): Parameters<AddArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let ns = self.namespace(&ctx)?;
+        let sid = match SessionId::new(a.session) {
+            Ok(s) => s,
+            Err(e) => return Ok(fail(e.to_string())),
+        };
+        let mut turns = Vec::new();
+        for t in a.turns {
+            let role = match t.role.as_deref().unwrap_or("user") {
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "system" => Role::System,
+                other => return Ok(fail(format!("unknown role {other:?}"))),
+            };
+            turns.push(NewTurn {
+                role,
+                speaker: t.speaker,
+                text: t.text,
+                time: None,
+            });
+        }
+        let memory = self.memory.clone();
+        match &self.ingest {
+            Ingest::Direct => {
+                let r =
+                    blocking(move || memory.add_turns(&ns, &sid, a.date.as_deref(), turns)).await;
+                Ok(match r {
+                    Ok(r) => ok_json(&serde_json::json!({
+                        "stored": r.turns_stored, "segments_encoded": r.segments.len(), "records": r.records
+                    })),
+                    Err(e) => fail(e),
+                })
+            }
+            Ingest::Queued(state) => {
+                let Ok(permit) = state.queue.clone().try_reserve_owned() else {
+                    return Ok(fail(
+                        "the encoding queue is full or closed; retry shortly (nothing was stored)",
+                    ));
+                };
+                let (ns2, sid2) = (ns.clone(), sid.clone());
+                let r =
+                    blocking(move || memory.append_turns(&ns2, &sid2, a.date.as_deref(), turns))
+                        .await;
+                Ok(match r {
+                    Ok(r) => {
+                        state
+                            .metrics
+                            .turns_stored
+                            .fetch_add(r.count, Ordering::Relaxed);
+                        state.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+                        permit.send(Job::Process { ns, session: sid });
+                        ok_json(
+                            &serde_json::json!({"stored": r.count, "first_index": r.first_index, "queued": true}),
+                        )
+                    }
+                    Err(e) => fail(e),
+                })
+            }
+        }
+    }
+
+    #[tool(
+        description = "Find the memory evidence for a question: records and dialogue snippets with dates and scores."
+    )]
+    async fn memory_search(
+        &self,
+        Parameters(a): Parameters<QuestionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let opts = a.options();
+        self.with_memory(
+            &ctx,
+            move |m, ns| m.search(ns, &a.question, &opts),
+            |r| {
+                ok_json(
+                    &r.evidence
+                        .iter()
+                        .map(|e| {
+                            serde_json::json!({
+                                "text": e.evidence.text,
+                                "session": e.session,
+                                "session_date": e.session_date,
+                                "memory_type": e.memory_type,
+                                "turns": e.turns,
+                                "score": e.evidence.final_score,
+                            })
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            },
+        )
+        .await
+    }
+
+    #[tool(
+        description = "Answer a question from long-term memory (grounded in the stored evidence)."
+    )]
+    async fn memory_answer(
+        &self,
+        Parameters(a): Parameters<QuestionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let opts = a.options();
+        self.with_memory(
+            &ctx,
+            move |m, ns| m.answer(ns, &a.question, &opts),
+            |a| CallToolResult::success(vec![ContentBlock::text(a.text)]),
+        )
+        .await
+    }
+
+    #[tool(description = "Delete a memory record (record_id) or a whole session (session).")]
+    async fn memory_delete(
+        &self,
+        Parameters(a): Parameters<DeleteArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let ns = self.namespace(&ctx)?;
+        let memory = self.memory.clone();
+        let r = match (a.record_id, a.session) {
+            (Some(id), None) => blocking(move || memory.delete_record(&ns, &id)).await,
+            (None, Some(s)) => match SessionId::new(s) {
+                Ok(sid) => blocking(move || memory.delete_session(&ns, &sid)).await,
+                Err(e) => Err(e.to_string()),
+            },
+            _ => Err("give exactly one of record_id or session".into()),
+        };
+        Ok(match r {
+            Ok(r) => ok_json(&r),
+            Err(e) => fail(e),
+        })
+    }
+
+    #[tool(description = "Counts of the memory: sessions, turns, segments, records, nodes.")]
+    async fn memory_stats(
+        &self,
+        Parameters(_): Parameters<StatsArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        self.with_memory(&ctx, |m, ns| m.stats(ns), |s| ok_json(&s))
+            .await
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for MemoryTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("lycheemem", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Long-term memory: memory_add stores conversation turns; memory_search and memory_answer recall them.",
+            )
+    }
+}
+
+/// The streamable-HTTP MCP service for the server's router (namespace from the API key).
+pub fn http_service(
+    state: AppState,
+    cfg: &crate::ServerConfig,
+) -> StreamableHttpService<MemoryTools, LocalSessionManager> {
+    let tools = MemoryTools {
+        memory: state.memory.clone(),
+        fixed: None,
+        ingest: Ingest::Queued(state),
+    };
+    let mut config = StreamableHttpServerConfig::default();
+    if cfg.allow_remote {
+        config = config.disable_allowed_hosts();
+    }
+    StreamableHttpService::new(
+        move || Ok(tools.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}
+
+/// Serves MCP over stdin/stdout for one namespace until the client disconnects (blocking).
+pub fn run_stdio(memory: Arc<Memory>, namespace: Namespace) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let tools = MemoryTools {
+            memory,
+            fixed: Some(namespace),
+            ingest: Ingest::Direct,
+        };
+        let service = tools.serve(rmcp::transport::stdio()).await?;
+        service.waiting().await?;
+        Ok(())
+    })
+}

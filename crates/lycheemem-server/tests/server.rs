@@ -1,0 +1,646 @@
+//! The server over real loopback HTTP with a real client (reqwest) and the MCP SDK's client:
+//! happy paths, authentication, namespace isolation, malformed input, backpressure, shutdown
+//! during ingestion, and MCP tool calls over streamable HTTP and stdio. Models are doubles
+//! (scripted LLM, bag-of-words embedder); everything else is real.
+
+use lycheemem::{Components, Memory, NewTurn};
+use lycheemem_core::{Config, Namespace, SessionId};
+use lycheemem_server::keys::KeyStore;
+use lycheemem_server::{ServerConfig, serve_listener};
+use lycheemem_testkit::{HashEmbedder, ScriptedLlm, echo_encoder_reply};
+use serde_json::{Value, json};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Holds encoder calls while closed.
+#[derive(Default)]
+struct Gate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn set(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.cv.notify_all();
+    }
+    fn wait(&self) {
+        let mut closed = self.closed.lock().unwrap();
+        while *closed {
+            closed = self.cv.wait(closed).unwrap();
+        }
+    }
+}
+
+fn memory(dir: &std::path::Path, gate: Arc<Gate>) -> Arc<Memory> {
+    let llm = Arc::new(ScriptedLlm::responding(move |m| {
+        let system = m.first().map_or("", |m| m.content.as_str());
+        let user = m.last().map_or("", |m| m.content.as_str());
+        if user.contains("Segment turns:") {
+            gate.wait();
+            echo_encoder_reply(user)
+        } else if system.contains("You plan memory retrieval") {
+            r#"{"question_type": "single", "semantic_queries": [], "temporal_filter": null, "routes": [{"route_id": "r1", "goal": "find it", "queries": [], "constraints": [], "temporal_filter": null}]}"#.into()
+        } else {
+            "Your cat is called Miso.".into()
+        }
+    }));
+    let components = Components {
+        embedder: Arc::new(HashEmbedder::new(64)),
+        reranker: None,
+        encode_llm: llm.clone(),
+        plan_llm: llm.clone(),
+        answer_llm: llm,
+    };
+    Arc::new(Memory::with_components(dir, Config::default(), components).unwrap())
+}
+
+fn keys() -> KeyStore {
+    let mut k = KeyStore::in_memory();
+    k.insert_key("key-alice", &Namespace::new("alice").unwrap());
+    k.insert_key("key-bob", &Namespace::new("bob").unwrap());
+    k
+}
+
+struct Running {
+    base: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+async fn start(memory: Arc<Memory>, cfg: ServerConfig) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(serve_listener(listener, memory, keys(), cfg, async {
+        let _ = rx.await;
+    }));
+    Running {
+        base,
+        stop: Some(tx),
+        handle,
+    }
+}
+
+fn turns() -> Value {
+    json!({"date": "2024-05-01", "turns": [
+        {"role": "user", "text": "I adopted a tabby cat named Miso last week."},
+        {"role": "assistant", "text": "Congratulations on adopting Miso!"},
+        {"role": "user", "text": "I also started learning the cello."},
+        {"role": "assistant", "text": "The cello is a wonderful instrument."}
+    ]})
+}
+
+async fn code_of(resp: reqwest::Response) -> (u16, String) {
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        body["error"]["code"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// A client for one server.
+struct Api {
+    c: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> reqwest::Response {
+        let mut r = self.c.request(method, format!("{}{path}", self.base));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        r.send().await.unwrap()
+    }
+    async fn get(&self, path: &str, key: &str) -> reqwest::Response {
+        self.send(reqwest::Method::GET, path, Some(key), None).await
+    }
+    async fn get_json(&self, path: &str, key: &str) -> Value {
+        self.get(path, key).await.json().await.unwrap()
+    }
+    async fn post(&self, path: &str, key: &str, body: Value) -> reqwest::Response {
+        self.send(reqwest::Method::POST, path, Some(key), Some(body))
+            .await
+    }
+    async fn delete(&self, path: &str, key: &str) -> reqwest::Response {
+        self.send(reqwest::Method::DELETE, path, Some(key), None)
+            .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_happy_paths_auth_isolation_and_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let cfg = ServerConfig {
+        max_body_bytes: 64 * 1024,
+        ..ServerConfig::default()
+    };
+    let server = start(memory(dir.path(), gate), cfg).await;
+    let api = Api {
+        c: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    const A: &str = "key-alice";
+    const B: &str = "key-bob";
+
+    // Public routes.
+    let health = api.send(reqwest::Method::GET, "/health", None, None).await;
+    assert_eq!(health.status(), 200);
+    let doc: Value = api
+        .send(reqwest::Method::GET, "/openapi.json", None, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    for p in [
+        "/v1/search",
+        "/v1/answer",
+        "/v1/sessions/{session}/turns",
+        "/v1/records/{id}",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p} missing from OpenAPI");
+    }
+
+    // Authentication.
+    let r = api
+        .send(reqwest::Method::GET, "/v1/stats", None, None)
+        .await;
+    assert_eq!(code_of(r).await, (401, "unauthorized".into()));
+    assert_eq!(
+        code_of(api.get("/v1/stats", "wrong").await).await,
+        (401, "unauthorized".into())
+    );
+
+    // Alice stores, flushes, searches, answers.
+    let r = api.post("/v1/sessions/s1/turns", A, turns()).await;
+    assert_eq!(r.status(), 202);
+    let added: Value = r.json().await.unwrap();
+    assert_eq!(added["stored"], 4);
+    let r = api
+        .c
+        .post(format!("{}/v1/sessions/s1/flush", api.base))
+        .header("x-api-key", A)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let receipt: Value = r.json().await.unwrap();
+    assert!(receipt["records"].as_u64().unwrap() >= 2, "{receipt}");
+    let question = json!({"question": "What is my cat called?", "date": "2024-06-01"});
+    let r = api.post("/v1/search", A, question.clone()).await;
+    assert_eq!(r.status(), 200);
+    let found: Value = r.json().await.unwrap();
+    let evidence = found["evidence"].as_array().unwrap();
+    assert!(
+        evidence
+            .iter()
+            .any(|e| e["evidence"]["text"].as_str().unwrap().contains("Miso")),
+        "{found}"
+    );
+    let a: Value = api
+        .post("/v1/answer", A, question.clone())
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(a["answer"], "Your cat is called Miso.");
+    assert!(a["tokens"].as_u64().unwrap() > 0);
+    let page = api.get_json("/v1/records?session=s1&limit=1", A).await;
+    assert!(page["total"].as_u64().unwrap() >= 2);
+    assert_eq!(page["records"].as_array().unwrap().len(), 1);
+    let record_id = page["records"][0]["record_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        api.get(&format!("/v1/records/{record_id}"), A)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        api.get_json("/v1/sessions", A)
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let detail = api.get_json("/v1/sessions/s1", A).await;
+    assert!(!detail["segments"].as_array().unwrap().is_empty());
+    let stats = api.get_json("/v1/stats", A).await;
+    assert_eq!(stats["turns"], 4);
+    let usage = api.get_json("/v1/usage", A).await;
+    assert!(usage["by_purpose"]["encode"].is_object(), "{usage}");
+    let export = api.get("/v1/export", A).await.text().await.unwrap();
+    assert!(export.lines().count() > 5);
+
+    // Bob sees none of it and cannot touch it.
+    let r = api.post("/v1/search", B, question.clone()).await;
+    assert_eq!(code_of(r).await, (404, "not_found".into()));
+    let record = format!("/v1/records/{record_id}");
+    assert_eq!(api.get(&record, B).await.status(), 404);
+    assert_eq!(api.delete(&record, B).await.status(), 404);
+    assert_eq!(api.get("/v1/sessions/s1", B).await.status(), 404);
+    assert_eq!(api.delete("/v1/sessions/s1", B).await.status(), 404);
+    assert_eq!(api.get_json("/v1/records", B).await["total"], 0);
+    assert_eq!(
+        api.get_json("/v1/stats", A).await,
+        stats,
+        "Bob's attempts changed nothing"
+    );
+
+    // Bad input: typed errors, nothing stored.
+    let post = |body: reqwest::Body, ct: Option<&str>| {
+        let mut r = api
+            .c
+            .post(format!("{}/v1/sessions/s2/turns", api.base))
+            .bearer_auth(A)
+            .body(body);
+        if let Some(ct) = ct {
+            r = r.header("content-type", ct);
+        }
+        r.send()
+    };
+    let json_ct = Some("application/json");
+    let huge = json!({"turns": [{"text": "x".repeat(100_000)}]}).to_string();
+    let cases: Vec<(Vec<u8>, Option<&str>, u16, &str)> = vec![
+        (b"{not json".to_vec(), json_ct, 400, "invalid_json"),
+        (
+            vec![b'{', b'"', 0xff, 0xfe, b'"', b'}'],
+            json_ct,
+            400,
+            "invalid_json",
+        ),
+        (
+            br#"{"turns": [{"text": "hi"}], "colour": "red"}"#.to_vec(),
+            json_ct,
+            400,
+            "invalid_body",
+        ),
+        (
+            br#"{"turns": [{"text": "hi", "role": "robot"}]}"#.to_vec(),
+            json_ct,
+            400,
+            "invalid_input",
+        ),
+        (br#"{"turns": []}"#.to_vec(), json_ct, 400, "invalid_input"),
+        (
+            br#"{"date": "someday", "turns": [{"text": "hi"}]}"#.to_vec(),
+            json_ct,
+            400,
+            "invalid_input",
+        ),
+        (
+            br#"{"turns": [{"text": "hi"}]}"#.to_vec(),
+            None,
+            415,
+            "unsupported_media_type",
+        ),
+        (huge.into_bytes(), json_ct, 413, "payload_too_large"),
+    ];
+    for (body, ct, status, code) in cases {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(60)]).to_string();
+        let got = code_of(post(body.into(), ct).await.unwrap()).await;
+        assert_eq!(got, (status, code.to_string()), "{shown}");
+    }
+    let r = api.post("/v1/search", A, json!({"question": "  "})).await;
+    assert_eq!(code_of(r).await, (400, "invalid_input".into()));
+    let r = api
+        .post("/v1/search", A, json!({"question": "x", "top_k": 100000}))
+        .await;
+    assert_eq!(code_of(r).await, (400, "invalid_input".into()));
+    assert_eq!(
+        code_of(api.delete("/v1/namespace", A).await).await,
+        (400, "invalid_input".into())
+    );
+    assert_eq!(api.get("/v1/nope", A).await.status(), 404);
+    assert_eq!(
+        api.get_json("/v1/stats", A).await["turns"],
+        4,
+        "rejected requests stored nothing"
+    );
+
+    // Metrics count what happened.
+    let m = api
+        .send(reqwest::Method::GET, "/metrics", None, None)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("route=\"/v1/search\",status=\"200\""), "{m}");
+    assert!(m.contains("lycheemem_turns_stored_total 4"), "{m}");
+
+    // Deletes work for the owner.
+    assert_eq!(
+        api.delete("/v1/namespace?confirm=true", A).await.status(),
+        200
+    );
+    assert_eq!(api.get("/v1/stats", A).await.status(), 404);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_turns_before_storing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let mem = memory(dir.path(), gate.clone());
+    let server = start(
+        mem.clone(),
+        ServerConfig {
+            queue_capacity: 1,
+            ..ServerConfig::default()
+        },
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let url = |p: &str| format!("{}{p}", server.base);
+    let add = |session: &str| {
+        c.post(url(&format!("/v1/sessions/{session}/turns")))
+            .bearer_auth("key-alice")
+            .json(&turns())
+            .send()
+    };
+    assert_eq!(add("s1").await.unwrap().status(), 202);
+    // Wait until the worker has processed s1, then hold the encoder and flush: the worker is
+    // busy inside the LLM call with an empty queue.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.set(true);
+    let flush = tokio::spawn({
+        let c = c.clone();
+        let u = url("/v1/sessions/s1/flush");
+        async move {
+            c.post(u)
+                .bearer_auth("key-alice")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(add("s2").await.unwrap().status(), 202, "fills the one slot");
+    let r = add("s3").await.unwrap();
+    assert_eq!(code_of(r).await, (429, "queue_full".into()));
+    let ns = Namespace::new("alice").unwrap();
+    assert!(
+        mem.store()
+            .session(&ns, &SessionId::new("s3").unwrap())
+            .unwrap()
+            .is_none(),
+        "a refused request stores nothing"
+    );
+    gate.set(false);
+    assert_eq!(flush.await.unwrap(), 200);
+    server.stop().await;
+    assert!(mem.unprocessed_sessions(&ns).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_ingestion_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = Namespace::new("alice").unwrap();
+    // 1. Acknowledged turns the worker never reached (a crash after the 202): stored, not
+    //    processed. A new server picks them up on start.
+    {
+        let mem = memory(dir.path(), Arc::new(Gate::default()));
+        mem.append_turns(
+            &ns,
+            &SessionId::new("left").unwrap(),
+            Some("2024-05-01"),
+            vec![
+                NewTurn::user("I adopted a tabby cat named Miso."),
+                NewTurn::assistant("Lovely!"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(mem.unprocessed_sessions(&ns).unwrap().len(), 1);
+    }
+    let gate = Arc::new(Gate::default());
+    let mem = memory(dir.path(), gate.clone());
+    let server = start(mem.clone(), ServerConfig::default()).await;
+    let c = reqwest::Client::new();
+    for _ in 0..100 {
+        if mem.unprocessed_sessions(&ns).unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        mem.unprocessed_sessions(&ns).unwrap().is_empty(),
+        "re-queued at start"
+    );
+    // 2. Shut down while the encoder is busy with queued work: shutdown waits for the queue.
+    gate.set(true);
+    for s in ["a", "b"] {
+        let r = c
+            .post(format!("{}/v1/sessions/{s}/turns", server.base))
+            .bearer_auth("key-alice")
+            .json(&turns())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    let flush = tokio::spawn({
+        let c = c.clone();
+        let u = format!("{}/v1/sessions/a/flush", server.base);
+        async move {
+            c.post(u)
+                .bearer_auth("key-alice")
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopping = tokio::spawn(server.stop());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.set(false);
+    stopping.await.unwrap();
+    let _ = flush.await;
+    let stats = mem.stats(&ns).unwrap();
+    assert_eq!(stats.turns, 2 + 4 + 4, "every acknowledged turn is stored");
+    assert!(
+        mem.unprocessed_sessions(&ns).unwrap().is_empty(),
+        "and processed"
+    );
+    drop(mem);
+    // 3. Reopen: everything is there.
+    let mem = memory(dir.path(), Arc::new(Gate::default()));
+    assert_eq!(mem.stats(&ns).unwrap().turns, 10);
+    assert!(mem.stats(&ns).unwrap().records >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_over_streamable_http_with_keys() {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        memory(dir.path(), Arc::new(Gate::default())),
+        ServerConfig::default(),
+    )
+    .await;
+    let connect = |key: &str| {
+        let cfg = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", server.base))
+            .auth_header(key.to_string());
+        ().serve(StreamableHttpClientTransport::from_config(cfg))
+    };
+    assert!(connect("wrong").await.is_err(), "a bad key cannot connect");
+    let client = connect("key-alice").await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    let mut names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "memory_add",
+            "memory_answer",
+            "memory_delete",
+            "memory_search",
+            "memory_stats"
+        ]
+    );
+    let call = |name: &'static str, args: Value| {
+        let args = args.as_object().cloned().unwrap_or_default();
+        client.call_tool(CallToolRequestParams::new(name).with_arguments(args))
+    };
+    let text = |r: rmcp::model::CallToolResult| -> String {
+        r.content
+            .iter()
+            .filter_map(|c| c.as_text())
+            .map(|t| t.text.clone())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let r = call("memory_add", json!({"session": "m1", "date": "2024-05-01", "turns": [
+        {"text": "My sister Ana lives in Lisbon."}, {"role": "assistant", "text": "Lisbon is lovely."}]}))
+    .await
+    .unwrap();
+    let failed = r.is_error == Some(true);
+    assert!(!failed, "{}", text(r));
+    let r = call(
+        "memory_add",
+        json!({"session": "m1", "turns": [{"text": "x", "role": "robot"}]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.is_error, Some(true), "bad arguments are a tool error");
+    // Adds are encoded in the background: wait until the turns are processed, then search.
+    let mut stats = String::new();
+    for _ in 0..50 {
+        stats = text(call("memory_stats", json!({})).await.unwrap());
+        if stats.contains("\"turns\": 2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(stats.contains("\"turns\": 2"), "{stats}");
+    let found = text(
+        call("memory_search", json!({"question": "Where does Ana live?"}))
+            .await
+            .unwrap(),
+    );
+    assert!(found.contains("Lisbon"), "{found}");
+    let answer = text(
+        call("memory_answer", json!({"question": "Where does Ana live?"}))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(answer, "Your cat is called Miso.");
+    // Bob's key sees another namespace.
+    let bob = connect("key-bob").await.unwrap();
+    let r = bob
+        .call_tool(
+            CallToolRequestParams::new("memory_search").with_arguments(
+                json!({"question": "Where does Ana live?"})
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    let _ = bob.cancel().await;
+    let _ = client.cancel().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_over_stdio() {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+
+    // The example `mcp_stdio_scripted` serves one namespace over stdio with the same doubles.
+    let exe = std::env::current_exe().unwrap();
+    let examples = exe.parent().unwrap().parent().unwrap().join("examples");
+    let bin = examples.join(format!(
+        "mcp_stdio_scripted{}",
+        std::env::consts::EXE_SUFFIX
+    ));
+    assert!(bin.exists(), "{} (built by cargo test)", bin.display());
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().to_path_buf();
+    let t = TokioChildProcess::new(tokio::process::Command::new(&bin).configure(|c| {
+        c.arg(&store);
+    }))
+    .unwrap();
+    let client = ().serve(t).await.unwrap();
+    assert_eq!(client.list_all_tools().await.unwrap().len(), 5);
+    let args = |v: Value| v.as_object().cloned().unwrap();
+    let r = client
+        .call_tool(CallToolRequestParams::new("memory_add").with_arguments(args(json!({
+            "session": "s", "turns": [{"text": "I play the cello every Sunday."}, {"role": "assistant", "text": "Nice."}]
+        }))))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true));
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new("memory_search")
+                .with_arguments(args(json!({"question": "What instrument do I play?"}))),
+        )
+        .await
+        .unwrap();
+    let text: String = r
+        .content
+        .iter()
+        .filter_map(|c| c.as_text())
+        .map(|t| t.text.clone())
+        .collect();
+    assert!(text.contains("cello"), "{text}");
+    let r = client
+        .call_tool(
+            CallToolRequestParams::new("memory_delete")
+                .with_arguments(args(json!({"session": "s"}))),
+        )
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true));
+    let _ = client.cancel().await;
+}
