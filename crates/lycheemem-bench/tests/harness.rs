@@ -6,7 +6,7 @@ use lycheemem::Components;
 use lycheemem_bench::run::{self, Backends, RunSpec};
 use lycheemem_bench::{RunMeta, dataset, write_reports};
 use lycheemem_core::Config;
-use lycheemem_testkit::{HashEmbedder, ScriptedLlm, echo_encoder_reply};
+use lycheemem_testkit::{HashEmbedder, ScriptedLlm};
 use std::sync::Arc;
 
 fn locomo_file(dir: &std::path::Path) -> std::path::PathBuf {
@@ -56,17 +56,7 @@ fn a_run_caches_checkpoints_scores_and_reports() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset::load(&locomo_file(dir.path())).unwrap();
     assert_eq!(data.items[0].questions.len(), 3);
-    let llm = Arc::new(ScriptedLlm::responding(|m| {
-        let system = m.first().map_or("", |m| m.content.as_str());
-        let user = m.last().map_or("", |m| m.content.as_str());
-        if user.contains("Segment turns:") {
-            echo_encoder_reply(user)
-        } else if system.contains("You plan memory retrieval") {
-            r#"{"question_type": "single", "semantic_queries": [], "temporal_filter": null, "routes": [{"route_id": "r1", "goal": "find it", "queries": [], "constraints": [], "temporal_filter": null}]}"#.into()
-        } else {
-            "Miso".into()
-        }
-    }));
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
     let judge = Arc::new(ScriptedLlm::responding(|m| {
         let user = m.last().map_or("", |m| m.content.as_str());
         if user.contains("Gold answer: Miso") {

@@ -8,21 +8,16 @@
 
 use anyhow::Result;
 use clap::Args;
-use lycheemem_core::config::{OrganizeConfig, RetrievalConfig};
-use lycheemem_core::{
-    FinalizeReason, MemoryType, Namespace, Plan, Record, Role, Segment, SessionId, SourceRole,
-    TemporalScope, Turn,
-};
+use lycheemem_core::Plan;
+use lycheemem_core::config::RetrievalConfig;
 use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
-use lycheemem_encode::organize::{merge, organize};
 use lycheemem_models::{FetchSource, ModelStore};
 use lycheemem_retrieve::{Retriever, SearchRequest};
-use lycheemem_store::{SegmentOutcome, SegmentWrite, SessionInfo, Store, StoreOptions};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::synthetic::{Rng, clustered_vectors, normalize, percentile, sentence, word};
+use lycheemem::synthetic::{Rng, build_store, percentile, sentence};
 
 #[derive(Args)]
 pub struct BenchRetrieveArgs {
@@ -37,10 +32,6 @@ pub struct BenchRetrieveArgs {
     #[arg(long, default_value_t = 42)]
     seed: u64,
 }
-
-const RECORDS_PER_SEGMENT: usize = 100;
-const SEGMENTS_PER_SESSION: usize = 5;
-const TURNS_PER_SESSION: u32 = 25;
 
 pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
     let models = ModelStore::open(models_dir)?;
@@ -63,7 +54,7 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
     for &n in &args.sizes {
         let tmp = tempfile::tempdir()?;
         let t = Instant::now();
-        let (store, ns) = build(tmp.path(), n, dims, args.seed)?;
+        let (store, ns) = build_store(tmp.path(), n, dims, args.seed)?;
         let nodes: u64 = store.stats(&ns)?.nodes.values().sum();
         eprintln!(
             "[{n}] built the store in {:.0?} ({nodes} nodes)",
@@ -118,130 +109,4 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// A synthetic memory of `n` records in one namespace.
-fn build(dir: &Path, n: usize, dims: usize, seed: u64) -> Result<(Store, Namespace)> {
-    let store = Store::open(dir, StoreOptions::new(dims))?;
-    let ns = Namespace::new("bench")?;
-    let vectors = clustered_vectors(n, dims, seed);
-    let mut rng = Rng(seed.wrapping_mul(17) | 1);
-    let entities = (n / 40).max(10);
-    let organize_cfg = OrganizeConfig::default();
-    let segments = n.div_ceil(RECORDS_PER_SEGMENT);
-    for s in 0..segments {
-        let session = SessionId::new(format!("s{}", s / SEGMENTS_PER_SESSION))?;
-        if s % SEGMENTS_PER_SESSION == 0 {
-            store.put_session(
-                &ns,
-                SessionInfo::new(
-                    session.clone(),
-                    Some(format!(
-                        "2023-{:02}-15",
-                        1 + (s / SEGMENTS_PER_SESSION) % 12
-                    )),
-                ),
-            )?;
-            let turns = (0..TURNS_PER_SESSION)
-                .map(|i| {
-                    let text = sentence(&mut rng, 20_000, 12);
-                    let mut v: Vec<f32> = vectors[(rng.next_u64() % n as u64) as usize]
-                        .iter()
-                        .map(|x| x + 0.02 * rng.normal())
-                        .collect();
-                    normalize(&mut v);
-                    let turn = Turn {
-                        session: session.clone(),
-                        index: i,
-                        role: if i % 2 == 0 {
-                            Role::User
-                        } else {
-                            Role::Assistant
-                        },
-                        speaker: None,
-                        text,
-                        time: None,
-                    };
-                    (turn, Some(v))
-                })
-                .collect();
-            store.add_turns(&ns, turns)?;
-        }
-        let first =
-            (s % SEGMENTS_PER_SESSION) as u32 * (TURNS_PER_SESSION / SEGMENTS_PER_SESSION as u32);
-        let last = first + TURNS_PER_SESSION / SEGMENTS_PER_SESSION as u32 - 1;
-        let segment = Segment {
-            id: Segment::make_id(&session, first, last),
-            session: session.clone(),
-            first_turn: first,
-            last_turn: last,
-            exchanges: last - first + 1,
-            tokens: 300,
-            reason: FinalizeReason::SemanticBoundary,
-        };
-        let range = s * RECORDS_PER_SEGMENT..((s + 1) * RECORDS_PER_SEGMENT).min(n);
-        let mut records = Vec::new();
-        for i in range.clone() {
-            let text = format!("{} {}", sentence(&mut rng, 20_000, 10), word(20_000 + i));
-            let date = (i % 2 == 0).then(|| {
-                format!(
-                    "2023-{:02}-{:02}",
-                    1 + rng.next_u64() % 12,
-                    1 + rng.next_u64() % 28
-                )
-            });
-            records.push(Record {
-                record_id: Record::make_id(&ns, &text),
-                memory_type: MemoryType::ALL[i % 4],
-                normalized_text: Record::make_normalized_text(MemoryType::ALL[i % 4], &text),
-                semantic_text: text,
-                entities: (0..1 + i % 2)
-                    .map(|_| format!("Person{}", rng.zipf(entities)))
-                    .collect(),
-                tags: (0..1 + i % 2).map(|_| word(rng.zipf(300))).collect(),
-                temporal: TemporalScope {
-                    t_ref: date,
-                    ..TemporalScope::default()
-                },
-                evidence_turns: vec![first + (i as u32 % (last - first + 1))],
-                source_session: session.clone(),
-                source_role: SourceRole::User,
-                segment_id: segment.id.clone(),
-                created_at: None,
-                confidence: 1.0,
-            });
-        }
-        let upserts = organize(&records, &segment, &organize_cfg);
-        let ids: Vec<String> = upserts.iter().map(|u| u.node_id.clone()).collect();
-        let mut stored: HashMap<String, _> = store
-            .nodes(&ns, &ids)?
-            .into_iter()
-            .map(|n| (n.node_id.clone(), n))
-            .collect();
-        let record_index: HashMap<&str, usize> = records
-            .iter()
-            .zip(range.clone())
-            .map(|(r, i)| (r.record_id.as_str(), i))
-            .collect();
-        let mut write = SegmentWrite::new(segment, SegmentOutcome::Encoded);
-        for up in &upserts {
-            let node = merge(stored.remove(&up.node_id), up, &organize_cfg);
-            // The node's vector: the mean of this segment's linked records (synthetic stand-in
-            // for embedding its search text).
-            let mut v = vec![0f32; dims];
-            for (id, _) in &up.records {
-                if let Some(&i) = record_index.get(id.as_str()) {
-                    v.iter_mut().zip(&vectors[i]).for_each(|(a, b)| *a += b);
-                }
-            }
-            normalize(&mut v);
-            write.nodes.push((node, Some(v)));
-        }
-        for (r, i) in records.into_iter().zip(range) {
-            write.records.push((r, Some(vectors[i].clone())));
-        }
-        store.commit_segment(&ns, write)?;
-    }
-    store.checkpoint()?;
-    Ok((store, ns))
 }

@@ -16,7 +16,9 @@ use lycheemem_store::{
 };
 use rayon::prelude::*;
 
-use crate::synthetic::{Rng, clustered_vectors, normalize, percentile, sentence, word};
+use lycheemem::synthetic::{
+    Rng, clustered_vectors, normalize, percentile, rss_mib, sentence, word,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -41,18 +43,6 @@ pub struct BenchStoreArgs {
     dir: Option<PathBuf>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-}
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

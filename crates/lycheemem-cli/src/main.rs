@@ -16,7 +16,6 @@ mod models_cmd;
 mod reference_run;
 mod server_cmd;
 mod settings;
-mod synthetic;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

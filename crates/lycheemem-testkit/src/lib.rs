@@ -52,6 +52,17 @@ impl ScriptedLlm {
         }
     }
 
+    /// A whole-pipeline double: the echo encoder for encoder prompts, a one-route plan for
+    /// planner prompts, and `answer` for everything else (see [`pipeline_reply`]).
+    pub fn pipeline(answer: &str) -> Self {
+        let reply = pipeline_reply(answer);
+        ScriptedLlm::responding(move |messages| {
+            let system = messages.first().map_or("", |m| m.content.as_str());
+            let user = messages.last().map_or("", |m| m.content.as_str());
+            reply(system, user)
+        })
+    }
+
     /// An encoder double: one `fact` record per `[i] who: text` turn line of the prompt, with
     /// the text `who said: text`, the speaker as entity and turn `i` as evidence. Deterministic
     /// for any segmentation, so runs can be compared.

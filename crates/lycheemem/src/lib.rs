@@ -27,6 +27,7 @@
 
 mod components;
 mod memory;
+pub mod synthetic;
 
 pub use components::Components;
 pub use memory::{
