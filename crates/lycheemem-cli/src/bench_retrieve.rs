@@ -31,6 +31,10 @@ pub struct BenchRetrieveArgs {
     embedder: String,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Keep the built stores here (`<dir>/<size>`), and reuse one already built there by this
+    /// command (or by the server load test with the same seed).
+    #[arg(long)]
+    store_dir: Option<std::path::PathBuf>,
 }
 
 pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
@@ -53,11 +57,22 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
     );
     for &n in &args.sizes {
         let tmp = tempfile::tempdir()?;
+        let dir = args
+            .store_dir
+            .as_ref()
+            .map_or_else(|| tmp.path().to_path_buf(), |d| d.join(n.to_string()));
         let t = Instant::now();
-        let (store, ns) = build_store(tmp.path(), n, dims, args.seed)?;
+        let (store, ns) = if dir.join("store.redb").exists() {
+            (
+                lycheemem_store::Store::open(&dir, lycheemem_store::StoreOptions::new(dims))?,
+                lycheemem_core::Namespace::new("bench")?,
+            )
+        } else {
+            build_store(&dir, n, dims, args.seed)?
+        };
         let nodes: u64 = store.stats(&ns)?.nodes.values().sum();
         eprintln!(
-            "[{n}] built the store in {:.0?} ({nodes} nodes)",
+            "[{n}] built or opened the store in {:.0?} ({nodes} nodes)",
             t.elapsed()
         );
         let cfg = RetrievalConfig::default();
