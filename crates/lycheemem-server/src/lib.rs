@@ -91,6 +91,26 @@ async fn time_limit(State(limit): State<Duration>, req: Request, next: Next) -> 
     }
 }
 
+/// Caps the body of requests that bypass axum's extractors (the MCP service reads its own).
+async fn limit_body(State(max): State<usize>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return ApiError::new(
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "the request body is larger than the configured limit",
+        )
+        .into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let body = axum::body::Body::new(http_body_util::Limited::new(body, max));
+    next.run(Request::from_parts(parts, body)).await
+}
+
 async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
@@ -133,7 +153,12 @@ pub fn router(state: AppState, keys: Arc<KeyStore>, cfg: &ServerConfig) -> Route
             cfg.request_timeout,
             time_limit,
         ));
-    let mcp = Router::new().nest_service("/mcp", mcp::http_service(state.clone(), cfg));
+    let mcp = Router::new()
+        .nest_service("/mcp", mcp::http_service(state.clone(), cfg))
+        .layer(middleware::from_fn_with_state(
+            cfg.max_body_bytes,
+            limit_body,
+        ));
     let keyed = v1
         .merge(mcp)
         .layer(middleware::from_fn_with_state(keys, authenticate));

@@ -334,6 +334,20 @@ async fn api_happy_paths_auth_isolation_and_bad_input() {
         (400, "invalid_input".into())
     );
     assert_eq!(api.get("/v1/nope", A).await.status(), 404);
+    let big_mcp = api
+        .c
+        .post(format!("{}/mcp", api.base))
+        .bearer_auth(A)
+        .header("content-type", "application/json")
+        .body(vec![b' '; 100_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        big_mcp.status(),
+        413,
+        "the MCP endpoint has the same body limit"
+    );
     assert_eq!(
         api.get_json("/v1/stats", A).await["turns"],
         4,
