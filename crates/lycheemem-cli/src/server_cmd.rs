@@ -64,10 +64,15 @@ pub enum KeysAction {
 #[derive(Args)]
 pub struct KeysArgs {
     /// API key file.
-    #[arg(long, env = "LYCHEEMEM_KEYS")]
+    #[arg(long, env = "LYCHEEMEM_KEYS", global = true)]
     keys: Option<PathBuf>,
     /// Store directory (the key file defaults to <store>/keys.json).
-    #[arg(long, env = "LYCHEEMEM_STORE", default_value = "lycheemem-data")]
+    #[arg(
+        long,
+        env = "LYCHEEMEM_STORE",
+        default_value = "lycheemem-data",
+        global = true
+    )]
     store: PathBuf,
     #[command(subcommand)]
     action: KeysAction,

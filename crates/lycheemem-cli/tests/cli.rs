@@ -253,3 +253,45 @@ fn demo_runs_to_completion_with_a_small_model() {
     assert_eq!(stdout.matches("\nreceipt: ").count(), 5, "{stdout}");
     assert!(stdout.contains("construction: "), "{stdout}");
 }
+
+#[test]
+fn api_keys_are_created_listed_and_revoked() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.json");
+    let key = stdout_of(
+        lycheemem()
+            .args(["keys", "add", "--namespace", "alice", "--keys"])
+            .arg(&keys),
+    );
+    let key = key.trim();
+    assert!(key.starts_with("lmk_") && key.len() > 30, "{key}");
+    let stored = std::fs::read_to_string(&keys).unwrap();
+    assert!(!stored.contains(key), "only the hash is stored");
+    let list = stdout_of(lycheemem().args(["keys", "list", "--keys"]).arg(&keys));
+    assert!(list.contains("alice"), "{list}");
+    let id = list.split('\t').next().unwrap().to_string();
+    stdout_of(
+        lycheemem()
+            .args(["keys", "revoke", &id, "--keys"])
+            .arg(&keys),
+    );
+    assert!(!stdout_of(lycheemem().args(["keys", "list", "--keys"]).arg(&keys)).contains("alice"));
+    let err = stderr_of(
+        lycheemem()
+            .args(["keys", "revoke", &id, "--keys"])
+            .arg(&keys),
+    );
+    assert!(err.contains("no key"), "{err}");
+    let err = stderr_of(
+        lycheemem()
+            .args(["keys", "add", "--namespace", ".bad", "--keys"])
+            .arg(&keys),
+    );
+    assert!(err.lines().count() <= 2, "{err}");
+}
+
+#[test]
+fn serve_refuses_a_public_address_unless_allowed() {
+    let err = stderr_of(lycheemem().args(["serve", "--bind", "0.0.0.0:7411"]));
+    assert!(err.contains("--allow-remote"), "{err}");
+}
