@@ -8,7 +8,9 @@
 //! RSS before and after, and the reference: the same searches called in-process on the memory
 //! (no HTTP), sequentially, in the same run.
 
-use lycheemem::synthetic::{Rng, build_store, percentile, rss_mib, sentence};
+use lycheemem::synthetic::{
+    Rng, build_store, mark_sessions_processed, percentile, rss_mib, sentence,
+};
 use lycheemem::{Components, Memory, QueryOptions};
 use lycheemem_core::{Config, Namespace};
 use lycheemem_server::keys::KeyStore;
@@ -41,6 +43,9 @@ fn main() -> anyhow::Result<()> {
         let (store, _) = build_store(&dir, records, 384, 42)?;
         drop(store);
         eprintln!("built {records} synthetic records in {:.0?}", t0.elapsed());
+    } else {
+        let store = lycheemem_store::Store::open(&dir, lycheemem_store::StoreOptions::new(384))?;
+        mark_sessions_processed(&store, &Namespace::new("bench")?)?;
     }
     let llm = Arc::new(ScriptedLlm::pipeline("ok"));
     let components = Components {
@@ -96,7 +101,7 @@ fn main() -> anyhow::Result<()> {
             let (http, base, questions) = (http.clone(), base.clone(), questions.clone());
             tasks.push(tokio::spawn(async move {
                 let mut rng = Rng(1000 + c as u64);
-                let mut out: Vec<(&'static str, f64, bool)> = Vec::new();
+                let mut out: Vec<(&'static str, f64, Option<String>)> = Vec::new();
                 let mut adds = 0usize;
                 while Instant::now() < deadline {
                     let is_add = (rng.unit() as f64) < add_share;
@@ -116,14 +121,20 @@ fn main() -> anyhow::Result<()> {
                             .bearer_auth("load-key")
                             .json(&serde_json::json!({"question": q}))
                     };
-                    let ok = match req.send().await {
-                        Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
-                        Err(_) => false,
+                    let failure = match req.send().await {
+                        Ok(r) if r.status().is_success() => {
+                            r.bytes().await.err().map(|e| e.to_string())
+                        }
+                        Ok(r) => {
+                            let status = r.status();
+                            Some(format!("{status} {}", r.text().await.unwrap_or_default()))
+                        }
+                        Err(e) => Some(e.to_string()),
                     };
                     out.push((
                         if is_add { "add" } else { "search" },
                         t.elapsed().as_secs_f64() * 1e3,
-                        ok,
+                        failure,
                     ));
                 }
                 out
@@ -141,10 +152,17 @@ fn main() -> anyhow::Result<()> {
     });
     let (ops, rss_after, drain) = result?;
     let mut by: BTreeMap<&str, (Vec<f64>, usize)> = BTreeMap::new();
-    for (kind, ms, ok) in &ops {
+    let mut failures: BTreeMap<String, usize> = BTreeMap::new();
+    for (kind, ms, failure) in &ops {
         let e = by.entry(kind).or_default();
         e.0.push(*ms);
-        e.1 += usize::from(!ok);
+        if let Some(f) = failure {
+            e.1 += 1;
+            *failures.entry(f.chars().take(160).collect()).or_default() += 1;
+        }
+    }
+    for (f, n) in &failures {
+        eprintln!("{n} × {f}");
     }
     println!(
         "\n{records} records, {clients} clients, {seconds} s, {:.0}% adds (2 turns each); 2 cores, loopback",

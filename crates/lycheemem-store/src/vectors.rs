@@ -29,11 +29,46 @@ struct VectorIndex {
     dirty: bool,
 }
 
+/// usearch serves each concurrent search from one of a fixed set of per-thread contexts
+/// reserved ahead ("Reserve capacity ahead of searches!" when none is free). We reserve this
+/// many and let at most this many searches run at once.
+const SEARCH_CONTEXTS: usize = 64;
+
+/// A counting semaphore bounding concurrent searches to the reserved contexts.
+#[derive(Default)]
+struct SearchSlots {
+    busy: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl SearchSlots {
+    fn run<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy >= SEARCH_CONTEXTS {
+            busy = self.freed.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+        *busy += 1;
+        drop(busy);
+        let out = f();
+        *self.busy.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        self.freed.notify_one();
+        out
+    }
+}
+
+/// Reserves `capacity` vectors and the search contexts.
+fn reserve(index: &Index, capacity: usize) -> Result<()> {
+    index
+        .reserve_capacity_and_threads(capacity, SEARCH_CONTEXTS)
+        .map_err(|e| usearch_err("reserve", e))
+}
+
 /// All vector indexes of a store.
 pub(crate) struct VectorIndexes {
     dir: PathBuf,
     options: IndexOptions,
     indexes: HashMap<(String, Target), VectorIndex>,
+    slots: SearchSlots,
     /// The last change applied.
     pub applied: u64,
     /// The last change included in the files on disk.
@@ -71,6 +106,7 @@ impl VectorIndexes {
             dir: dir.to_path_buf(),
             options,
             indexes: HashMap::new(),
+            slots: SearchSlots::default(),
             applied: 0,
             saved: 0,
         };
@@ -122,6 +158,7 @@ impl VectorIndexes {
                 if index.dimensions() != self.options.dimensions {
                     return Err(usearch_err("load", "dimension mismatch"));
                 }
+                reserve(&index, index.size().max(64))?;
                 self.indexes.insert(
                     (ns.clone(), target),
                     VectorIndex {
@@ -173,7 +210,8 @@ impl VectorIndexes {
     fn get_or_create(&mut self, ns: &str, target: Target) -> Result<&mut VectorIndex> {
         let key = (ns.to_string(), target);
         if !self.indexes.contains_key(&key) {
-            let index = Index::new(&self.options).map_err(|e| usearch_err("create", e))?;
+            let index = self.new_index()?;
+            reserve(&index, 64)?;
             self.indexes
                 .insert(key.clone(), VectorIndex { index, dirty: true });
         }
@@ -197,9 +235,7 @@ impl VectorIndexes {
             let needed = v.index.size() + items.len();
             if needed > v.index.capacity() {
                 let capacity = needed.max(v.index.capacity() * 2).max(64);
-                v.index
-                    .reserve(capacity)
-                    .map_err(|e| usearch_err("reserve", e))?;
+                reserve(&v.index, capacity)?;
             }
             let index = &v.index;
             items
@@ -267,11 +303,13 @@ impl VectorIndexes {
             return Ok(Vec::new());
         }
         let query = unit(query);
-        let matches = match allowed {
-            None => v.index.search(&query, k),
-            Some(set) => v.index.filtered_search(&query, k, |key| set.contains(&key)),
-        }
-        .map_err(|e| usearch_err("search", e))?;
+        let matches = self
+            .slots
+            .run(|| match allowed {
+                None => v.index.search(&query, k),
+                Some(set) => v.index.filtered_search(&query, k, |key| set.contains(&key)),
+            })
+            .map_err(|e| usearch_err("search", e))?;
         Ok(matches
             .keys
             .into_iter()

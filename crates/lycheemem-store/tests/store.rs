@@ -624,3 +624,38 @@ fn search_within_a_set_of_items_and_vectors_by_item() {
     assert_eq!(v[0].as_deref(), Some(vector(7).as_slice()));
     assert_eq!(v[1], None);
 }
+
+/// usearch serves each concurrent search from a context reserved ahead; many more concurrent
+/// searches than cores (a server's blocking pool) must all succeed, on a fresh index and on one
+/// loaded from disk.
+#[test]
+fn many_concurrent_searches_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = ns("n");
+    for reopen in [false, true] {
+        let store = open(dir.path());
+        if !reopen {
+            store
+                .put_session(&n, SessionInfo::new(sid("s"), None))
+                .unwrap();
+            add_turns(&store, &n, "s", 300, 1);
+        }
+        let store = std::sync::Arc::new(store);
+        let threads: Vec<_> = (0..96u64)
+            .map(|i| {
+                let store = store.clone();
+                let n = n.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..5 {
+                        let q = VectorQuery::new(Target::Turn, vector(i), 5);
+                        assert_eq!(store.vector_search(&n, &q).unwrap().len(), 5);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        store.checkpoint().unwrap();
+    }
+}

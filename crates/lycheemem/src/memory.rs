@@ -400,6 +400,18 @@ impl Memory {
         }
     }
 
+    /// The ingest state of a session whose first `turns` turns count as processed (used for
+    /// memories written below the facade, e.g. synthetic benchmark stores).
+    pub(crate) fn processed_state(session: &SessionId, turns: u32) -> Result<serde_json::Value> {
+        Self::state_value(&IngestState {
+            builder: ExchangeBuilder::new(ExchangeMode::Chat),
+            queue: VecDeque::new(),
+            segmenter: SegmenterState::new(session.clone()),
+            next_turn: turns,
+            exchanges: 0,
+        })
+    }
+
     fn state_value(state: &IngestState) -> Result<serde_json::Value> {
         serde_json::to_value(state)
             .map_err(|e| Error::Store(format!("cannot serialize the ingest state: {e}")))

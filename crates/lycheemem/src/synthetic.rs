@@ -234,6 +234,19 @@ pub fn build_store(dir: &Path, n: usize, dims: usize, seed: u64) -> Result<(Stor
         }
         store.commit_segment(&ns, write)?;
     }
+    mark_sessions_processed(&store, &ns)?;
     store.checkpoint()?;
     Ok((store, ns))
+}
+
+/// Records every session's stored turns as already processed, so a memory opened on a store
+/// written below the facade (like [`build_store`]'s) does not segment and encode them again.
+pub fn mark_sessions_processed(store: &Store, ns: &Namespace) -> Result<()> {
+    for s in store.sessions(ns)? {
+        if store.state(ns, &s.id, crate::INGEST_STATE)?.is_none() {
+            let state = crate::Memory::processed_state(&s.id, s.turn_count)?;
+            store.put_state(ns, &s.id, crate::INGEST_STATE, &state)?;
+        }
+    }
+    Ok(())
 }
