@@ -18,6 +18,9 @@ use std::time::Instant;
 pub struct ConstructionReport {
     pub item: String,
     pub hash: String,
+    /// Leading sessions of the item built (a `--sessions` slice builds a prefix).
+    #[serde(default)]
+    pub sessions: usize,
     pub turns: u64,
     pub exchanges: u64,
     pub segments: u64,
@@ -84,17 +87,22 @@ pub fn build_or_open(
     let (dir, marker) = paths(cache, kind, &item.id, hash);
     let memory = Memory::with_components(&dir, config.clone(), components)
         .with_context(|| format!("opening {}", dir.display()))?;
-    if let Ok(bytes) = std::fs::read(&marker)
-        && let Ok(report) = serde_json::from_slice::<ConstructionReport>(&bytes)
-    {
-        return Ok((memory, report, true));
-    }
-    let ns = namespace(kind, &item.id)?;
     let partial_path = marker.with_extension("partial.json");
-    let previous: Partial = std::fs::read(&partial_path)
+    let mut previous: Partial = std::fs::read(&partial_path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
+    if let Ok(bytes) = std::fs::read(&marker)
+        && let Ok(report) = serde_json::from_slice::<ConstructionReport>(&bytes)
+    {
+        // A memory built for at least these sessions is reused as is (a slice of fewer
+        // sessions then searches the larger memory; the report says how many were built).
+        if report.sessions >= item.sessions.len() {
+            return Ok((memory, report, true));
+        }
+        previous.seconds = report.seconds;
+    }
+    let ns = namespace(kind, &item.id)?;
     let stored: std::collections::HashMap<String, u32> = if memory.store().has_namespace(&ns)? {
         memory
             .store()
@@ -139,13 +147,14 @@ pub fn build_or_open(
             eta
         ));
     }
-    let report = summarize(
+    let mut report = summarize(
         &memory,
         &ns,
         item,
         hash,
         previous.seconds + started.elapsed().as_secs_f64(),
     )?;
+    report.sessions = item.sessions.len();
     std::fs::write(&marker, serde_json::to_vec_pretty(&report)?)?;
     let _ = std::fs::remove_file(&partial_path);
     Ok((memory, report, false))

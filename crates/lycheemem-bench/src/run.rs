@@ -44,6 +44,24 @@ pub struct RunSpec {
     pub naive_chunk_turns: usize,
     /// Tokens reserved for instructions, question and answer in `full_context`.
     pub full_context_reserve: usize,
+    /// Only each item's first N sessions, and only questions whose evidence lies in them (a
+    /// cheap slice; the memory built is a prefix of the full one, so the cache is shared).
+    #[serde(default)]
+    pub max_sessions: Option<usize>,
+}
+
+/// The dataset cut to each item's first `n` sessions, keeping the questions whose gold
+/// evidence is non-empty and entirely inside them.
+pub fn first_sessions(dataset: &Dataset, n: usize) -> Dataset {
+    let mut out = dataset.clone();
+    for item in &mut out.items {
+        item.sessions.truncate(n);
+        let kept: HashSet<String> = item.sessions.iter().map(|s| s.id.clone()).collect();
+        item.questions.retain(|q| {
+            !q.evidence.is_empty() && q.evidence.iter().all(|t| kept.contains(&t.session))
+        });
+    }
+    out
 }
 
 /// The models a run uses (the judge is only needed when answers are judged).
@@ -312,6 +330,14 @@ pub fn run(
     backends: &Backends,
     progress: &mut dyn FnMut(String),
 ) -> Result<()> {
+    let sliced;
+    let dataset = match spec.max_sessions {
+        Some(n) => {
+            sliced = first_sessions(dataset, n);
+            &sliced
+        }
+        None => dataset,
+    };
     let variants: Vec<Variant> = spec
         .variants
         .iter()

@@ -84,6 +84,7 @@ fn a_run_caches_checkpoints_scores_and_reports() {
         top_k: 15,
         naive_chunk_turns: 2,
         full_context_reserve: 1024,
+        max_sessions: None,
     };
     let b = backends(llm.clone(), judge.clone());
     let mut lines = Vec::new();
@@ -180,8 +181,6 @@ fn a_killed_construction_resumes_where_it_stopped() {
         )
         .unwrap();
         drop(memory);
-        let (_, marker) = lycheemem_bench::construct::paths(&cache, data.kind, "conv-x", &hash);
-        std::fs::remove_file(marker).unwrap();
     }
     let calls = llm.calls();
     let (_, report, cached) = lycheemem_bench::construct::build_or_open(
@@ -196,6 +195,21 @@ fn a_killed_construction_resumes_where_it_stopped() {
     .unwrap();
     assert!(!cached);
     assert_eq!(report.turns, 6, "session 1 kept, session 2 added");
+    assert_eq!(report.sessions, 2);
     assert!(llm.calls() > calls, "only the new session is encoded");
     assert_eq!(report.encode_calls as usize, llm.calls());
+}
+
+#[test]
+fn a_session_slice_keeps_only_questions_answerable_inside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let sliced = run::first_sessions(&data, 1);
+    assert_eq!(sliced.items[0].sessions.len(), 1);
+    let ids: Vec<&str> = sliced.items[0]
+        .questions
+        .iter()
+        .map(|q| q.id.as_str())
+        .collect();
+    assert_eq!(ids, ["conv-x-q1"], "q2 needs session 2; q3 has no evidence");
 }

@@ -47,6 +47,9 @@ pub struct BenchRunArgs {
     /// Turns per naive_rag chunk.
     #[arg(long, default_value_t = 2)]
     naive_chunk_turns: usize,
+    /// Only each item's first N sessions and the questions whose evidence lies in them.
+    #[arg(long)]
+    sessions: Option<usize>,
     /// Judge LLM (default: the answer LLM).
     #[arg(long, env = "LYCHEEMEM_JUDGE_LLM")]
     judge_llm: Option<String>,
@@ -111,6 +114,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         top_k: args.top_k,
         naive_chunk_turns: args.naive_chunk_turns,
         full_context_reserve: 1024,
+        max_sessions: args.sessions,
     };
     let mut models = BTreeMap::new();
     models.insert("embedder".to_string(), base.models.embedder.clone());
