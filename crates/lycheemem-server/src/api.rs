@@ -142,7 +142,36 @@ pub struct AddTurnsResponse {
     pub queued: bool,
 }
 
-fn parse_role(r: Option<&str>) -> ApiResult<Role> {
+/// A queue slot, reserved before anything is stored so that a full queue refuses cleanly.
+fn reserve_slot(s: &AppState) -> ApiResult<mpsc::OwnedPermit<Job>> {
+    s.queue.clone().try_reserve_owned().map_err(|e| match e {
+        mpsc::error::TrySendError::Full(_) => ApiError::queue_full(),
+        mpsc::error::TrySendError::Closed(_) => ApiError::shutting_down(),
+    })
+}
+
+/// Stores turns durably and queues their processing (HTTP and MCP adds).
+pub(crate) async fn store_and_queue(
+    s: &AppState,
+    ns: Namespace,
+    sid: SessionId,
+    date: Option<String>,
+    turns: Vec<NewTurn>,
+) -> ApiResult<lycheemem::AppendReceipt> {
+    let permit = reserve_slot(s)?;
+    let memory = s.memory.clone();
+    let (ns2, sid2) = (ns.clone(), sid.clone());
+    let receipt =
+        blocking(move || memory.append_turns(&ns2, &sid2, date.as_deref(), turns)).await?;
+    s.metrics
+        .turns_stored
+        .fetch_add(receipt.count, Ordering::Relaxed);
+    s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+    permit.send(Job::Process { ns, session: sid });
+    Ok(receipt)
+}
+
+pub(crate) fn parse_role(r: Option<&str>) -> ApiResult<Role> {
     Ok(match r.unwrap_or("user") {
         "user" | "human" => Role::User,
         "assistant" | "ai" => Role::Assistant,
@@ -192,23 +221,7 @@ pub async fn add_turns(
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;
-    // Reserve a queue slot before storing anything, so a full queue refuses cleanly.
-    let permit = s.queue.clone().try_reserve_owned().map_err(|e| match e {
-        mpsc::error::TrySendError::Full(_) => ApiError::queue_full(),
-        mpsc::error::TrySendError::Closed(_) => ApiError::shutting_down(),
-    })?;
-    let memory = s.memory.clone();
-    let (ns2, sid2) = (ns.clone(), sid.clone());
-    let receipt =
-        blocking(move || memory.append_turns(&ns2, &sid2, body.date.as_deref(), turns)).await?;
-    s.metrics
-        .turns_stored
-        .fetch_add(receipt.count, Ordering::Relaxed);
-    s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-    permit.send(Job::Process {
-        ns,
-        session: sid.clone(),
-    });
+    let receipt = store_and_queue(&s, ns, sid.clone(), body.date, turns).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(AddTurnsResponse {
@@ -232,10 +245,7 @@ pub async fn flush(
     Path(session): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let sid = session_id(&session)?;
-    let permit = s.queue.clone().try_reserve_owned().map_err(|e| match e {
-        mpsc::error::TrySendError::Full(_) => ApiError::queue_full(),
-        mpsc::error::TrySendError::Closed(_) => ApiError::shutting_down(),
-    })?;
+    let permit = reserve_slot(&s)?;
     let (tx, rx) = oneshot::channel();
     s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
     permit.send(Job::Flush {

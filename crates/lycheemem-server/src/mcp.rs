@@ -4,9 +4,8 @@
 //! adds are encoded before the tool returns.
 
 use crate::api::{AppState, Caller};
-use crate::worker::Job;
 use lycheemem::{Memory, NewTurn, QueryOptions};
-use lycheemem_core::{Namespace, Role, SessionId};
+use lycheemem_core::{Namespace, SessionId};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
@@ -18,7 +17,6 @@ use rmcp::{
 use schemars::JsonSchema;
 use serde::Deserialize;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct TurnArg {
@@ -159,11 +157,9 @@ impl MemoryTools {
         };
         let mut turns = Vec::new();
         for t in a.turns {
-            let role = match t.role.as_deref().unwrap_or("user") {
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                "system" => Role::System,
-                other => return Ok(fail(format!("unknown role {other:?}"))),
+            let role = match crate::api::parse_role(t.role.as_deref()) {
+                Ok(r) => r,
+                Err(e) => return Ok(fail(e.message)),
             };
             turns.push(NewTurn {
                 role,
@@ -184,31 +180,14 @@ impl MemoryTools {
                     Err(e) => fail(e),
                 })
             }
-            Ingest::Queued(state) => {
-                let Ok(permit) = state.queue.clone().try_reserve_owned() else {
-                    return Ok(fail(
-                        "the encoding queue is full or closed; retry shortly (nothing was stored)",
-                    ));
-                };
-                let (ns2, sid2) = (ns.clone(), sid.clone());
-                let r =
-                    blocking(move || memory.append_turns(&ns2, &sid2, a.date.as_deref(), turns))
-                        .await;
-                Ok(match r {
-                    Ok(r) => {
-                        state
-                            .metrics
-                            .turns_stored
-                            .fetch_add(r.count, Ordering::Relaxed);
-                        state.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-                        permit.send(Job::Process { ns, session: sid });
-                        ok_json(
-                            &serde_json::json!({"stored": r.count, "first_index": r.first_index, "queued": true}),
-                        )
-                    }
-                    Err(e) => fail(e),
-                })
-            }
+            Ingest::Queued(state) => Ok(
+                match crate::api::store_and_queue(state, ns, sid, a.date, turns).await {
+                    Ok(r) => ok_json(&serde_json::json!({
+                        "stored": r.count, "first_index": r.first_index, "queued": true
+                    })),
+                    Err(e) => fail(format!("{} ({})", e.message, e.code)),
+                },
+            ),
         }
     }
 
