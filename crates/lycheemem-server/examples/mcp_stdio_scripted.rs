@@ -4,19 +4,12 @@
 
 use lycheemem::{Components, Memory};
 use lycheemem_core::{Config, Namespace};
-use lycheemem_testkit::{HashEmbedder, ScriptedLlm, echo_encoder_reply};
+use lycheemem_testkit::{HashEmbedder, ScriptedLlm};
 use std::sync::Arc;
 
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args().nth(1).expect("a store folder");
-    let llm = Arc::new(ScriptedLlm::responding(|m| {
-        let user = m.last().map_or("", |m| m.content.as_str());
-        if user.contains("Segment turns:") {
-            echo_encoder_reply(user)
-        } else {
-            "scripted answer".into()
-        }
-    }));
+    let llm = Arc::new(ScriptedLlm::pipeline("scripted answer"));
     let components = Components {
         embedder: Arc::new(HashEmbedder::new(64)),
         reranker: None,
