@@ -48,13 +48,7 @@ fn main() -> anyhow::Result<()> {
         mark_sessions_processed(&store, &Namespace::new("bench")?)?;
     }
     let llm = Arc::new(ScriptedLlm::pipeline("ok"));
-    let components = Components {
-        embedder: Arc::new(lycheemem_testkit::minilm()),
-        reranker: None,
-        encode_llm: llm.clone(),
-        plan_llm: llm.clone(),
-        answer_llm: llm,
-    };
+    let components = Components::with_llm(Arc::new(lycheemem_testkit::minilm()), llm);
     let memory = Arc::new(Memory::with_components(
         &dir,
         Config::default(),

@@ -40,13 +40,7 @@ fn locomo_file(dir: &std::path::Path) -> std::path::PathBuf {
 
 fn backends(llm: Arc<ScriptedLlm>, judge: Arc<ScriptedLlm>) -> Backends {
     Backends {
-        components: Components {
-            embedder: Arc::new(HashEmbedder::new(64)),
-            reranker: None,
-            encode_llm: llm.clone(),
-            plan_llm: llm.clone(),
-            answer_llm: llm,
-        },
+        components: Components::with_llm(Arc::new(HashEmbedder::new(64)), llm),
         judge: Some(judge),
     }
 }

@@ -10,13 +10,7 @@ use std::sync::Arc;
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args().nth(1).expect("a store folder");
     let llm = Arc::new(ScriptedLlm::pipeline("scripted answer"));
-    let components = Components {
-        embedder: Arc::new(HashEmbedder::new(64)),
-        reranker: None,
-        encode_llm: llm.clone(),
-        plan_llm: llm.clone(),
-        answer_llm: llm,
-    };
+    let components = Components::with_llm(Arc::new(HashEmbedder::new(64)), llm);
     let memory = Arc::new(Memory::with_components(dir, Config::default(), components)?);
     lycheemem_server::mcp::run_stdio(memory, Namespace::new("stdio")?)
 }

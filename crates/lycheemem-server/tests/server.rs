@@ -45,13 +45,7 @@ fn memory(dir: &std::path::Path, gate: Arc<Gate>) -> Arc<Memory> {
             "Your cat is called Miso.".into()
         }
     }));
-    let components = Components {
-        embedder: Arc::new(HashEmbedder::new(64)),
-        reranker: None,
-        encode_llm: llm.clone(),
-        plan_llm: llm.clone(),
-        answer_llm: llm,
-    };
+    let components = Components::with_llm(Arc::new(HashEmbedder::new(64)), llm);
     Arc::new(Memory::with_components(dir, Config::default(), components).unwrap())
 }
 

