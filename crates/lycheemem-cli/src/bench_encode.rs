@@ -32,6 +32,9 @@ pub struct BenchEncodeArgs {
     llm: String,
     #[arg(long, default_value = "all-minilm-l6-v2")]
     embedder: String,
+    /// Also print every record (type, date, evidence turns, text) under its segment's row.
+    #[arg(long)]
+    show_records: bool,
 }
 
 pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
@@ -104,6 +107,17 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
                 out.prompt_tokens + out.completion_tokens,
                 t0.elapsed().as_secs_f64()
             );
+            if args.show_records {
+                for r in &out.records {
+                    eprintln!(
+                        "    {} {} {:?}: {}",
+                        r.memory_type.as_str(),
+                        r.temporal.t_ref.as_deref().unwrap_or("-"),
+                        r.evidence_turns,
+                        r.semantic_text
+                    );
+                }
+            }
         }
     }
     let secs = started.elapsed().as_secs_f64();

@@ -107,7 +107,9 @@ fn resolve_relative_mention(
     if t_ref.as_deref().is_none_or(|t| t == session_iso) {
         *t_ref = Some(date.iso());
     }
-    if date.iso() == session_iso {
+    // The session date needs no annotation; a text that already carries the date (a model
+    // copying an annotated statement) is not annotated twice.
+    if date.iso() == session_iso || text.contains(&date.iso()) {
         return text.to_string();
     }
     format!(

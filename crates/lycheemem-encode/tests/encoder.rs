@@ -354,3 +354,26 @@ fn merging_unions_links_and_widens_the_span() {
     let again = lycheemem_encode::organize::merge(Some(node.clone()), &frame(&second), &cfg);
     assert_eq!(again, node, "re-applying an upsert changes nothing");
 }
+
+#[test]
+fn relative_time_is_annotated_once() {
+    let reply = |text: &str| {
+        format!(
+            r#"{{"records": [{{"memory_type": "event", "semantic_text": "{text}", "entities": [], "tags": [], "temporal": {{"t_ref": null, "t_valid_from": null, "t_valid_to": null}}, "evidence_turns": [0], "source_role": "user"}}], "disambiguation_context": ""}}"#
+        )
+    };
+    let plain = reply("Caroline went to the support group yesterday.");
+    let (out, _, _) = encode(RecordStyle::Typed, &[plain.as_str()]);
+    assert_eq!(
+        out.records[0].semantic_text,
+        "Caroline went to the support group yesterday (2023-05-07)."
+    );
+    assert_eq!(out.records[0].temporal.t_ref.as_deref(), Some("2023-05-07"));
+    // Copied from an earlier, already annotated record: left as it is.
+    let annotated = reply("Caroline went to the support group yesterday (2023-05-07).");
+    let (out, _, _) = encode(RecordStyle::Typed, &[annotated.as_str()]);
+    assert_eq!(
+        out.records[0].semantic_text,
+        "Caroline went to the support group yesterday (2023-05-07)."
+    );
+}
