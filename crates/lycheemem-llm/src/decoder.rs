@@ -71,35 +71,61 @@ impl DecoderConfig {
 }
 
 /// Inputs with at least this many rows (prompt chunks) run through a dense f32 copy of the
-/// weight made for the call; fewer rows (decode steps) multiply in the quantized domain.
-/// Measured on the 2-core dev machine with Qwen2.5-0.5B: dense prefill is ~3.3x faster than the
-/// quantized kernels (`lycheemem bench llm`), while one dequantization of a matrix costs about
-/// as much as ~40 rows of quantized multiplication, hence the threshold.
+/// weight made for the call, for weights that candle can only multiply with its generic
+/// quantized kernels (see [`dense_prefill_is_faster`]); fewer rows (decode steps) always multiply
+/// in the quantized domain. One dequantization costs about as much as ~40 rows of generic
+/// quantized multiplication, hence the threshold.
 const DENSE_MIN_ROWS: usize = 64;
 
 /// A quantized weight matrix `(out, in)` applied as `x · Wᵀ` (see [`DENSE_MIN_ROWS`]).
 struct Linear {
     weight: Arc<QTensor>,
     quantized: QMatMul,
+    dense_prefill: bool,
 }
 
 impl Linear {
     fn new(weight: QTensor) -> Result<Self> {
+        let (n, k) = weight.shape().dims2()?;
+        let dense_prefill = dense_prefill_is_faster(weight.dtype(), n, k);
         let weight = Arc::new(weight);
         Ok(Linear {
             quantized: QMatMul::from_arc(weight.clone())?,
             weight,
+            dense_prefill,
         })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(D::Minus1)?.max(1);
         match &self.quantized {
-            QMatMul::QTensor(_) if rows >= DENSE_MIN_ROWS => {
+            QMatMul::QTensor(_) if self.dense_prefill && rows >= DENSE_MIN_ROWS => {
                 QMatMul::Tensor(self.weight.dequantize(x.device())?).forward(x)
             }
             q => q.forward(x),
         }
+    }
+}
+
+/// Whether a dense f32 copy multiplies prompt chunks faster than candle's kernels for this
+/// weight. candle 0.11 multiplies Q4_K, Q6_K and Q8_0 weights with `in % 256 == 0` and
+/// `out % 16 == 0` with repacked VNNI kernels, which beat the dense path; everything else goes
+/// through its generic quantized kernels, which the dense path beats. Measured with `lycheemem
+/// bench llm` on the 2-core dev machine (AVX-512-VNNI), prefill tok/s quantized → dense:
+/// Qwen2.5-0.5B (896-wide rows) 65 → 212; SmolLM2-135M (576-wide) 160 → 405; Qwen2.5-1.5B
+/// (1536-wide, repacked kernels) 78 → 56. Only used where measured: x86-64 with AVX-512-VNNI.
+fn dense_prefill_is_faster(dtype: GgmlDType, n: usize, k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let repacked = matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K | GgmlDType::Q8_0)
+            && k.is_multiple_of(256)
+            && n.is_multiple_of(16);
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni") && !repacked
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (dtype, n, k);
+        false
     }
 }
 
@@ -409,7 +435,8 @@ mod tests {
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
             .collect();
         let w = Tensor::from_vec(w, (out_dim, in_dim), &dev)?;
-        let linear = Linear::new(QTensor::quantize(&w, GgmlDType::Q8_0)?)?;
+        let mut linear = Linear::new(QTensor::quantize(&w, GgmlDType::Q8_0)?)?;
+        linear.dense_prefill = true;
         let x: Vec<f32> = (0..DENSE_MIN_ROWS * in_dim)
             .map(|i| ((i * 104_729 % 997) as f32 / 498.5) - 1.0)
             .collect();
