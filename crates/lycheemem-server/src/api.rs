@@ -407,23 +407,22 @@ pub async fn list_records(
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let limit = q.limit.unwrap_or(100).min(s.limits.max_page);
     let memory = s.memory.clone();
-    let all = blocking(move || memory.store().all_records(&ns)).await?;
-    let filtered: Vec<_> = all
-        .into_iter()
-        .filter(|r| {
-            q.session
-                .as_deref()
-                .is_none_or(|x| r.source_session.as_str() == x)
-        })
-        .collect();
+    let session = q
+        .session
+        .as_deref()
+        .map(SessionId::new)
+        .transpose()
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let offset = q.offset;
+    let (total, records) = blocking(move || {
+        memory
+            .store()
+            .records_page(&ns, session.as_ref(), offset, limit)
+    })
+    .await?;
     Ok(Json(RecordPage {
-        total: filtered.len(),
-        records: filtered
-            .iter()
-            .skip(q.offset)
-            .take(limit)
-            .map(to_value)
-            .collect(),
+        total,
+        records: records.iter().map(to_value).collect(),
     }))
 }
 

@@ -1309,6 +1309,59 @@ impl Store {
         Ok(rows.into_iter().map(|r| r.record).collect())
     }
 
+    /// One page of the namespace's records in id order (of one session's records with
+    /// `session`), and how many there are in all. Only the page is read and decoded; the rest
+    /// is counted by key.
+    pub fn records_page(
+        &self,
+        ns: &Namespace,
+        session: Option<&SessionId>,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(usize, Vec<Record>)> {
+        let txn = self.read()?;
+        let records = txn.open_table(RECORDS).map_err(db_err)?;
+        let mut total = 0usize;
+        let mut page = Vec::new();
+        match session {
+            None => {
+                let prefix = keys::ns(ns);
+                let end = keys::prefix_end(&prefix);
+                for entry in records
+                    .range(prefix.as_slice()..end.as_slice())
+                    .map_err(db_err)?
+                {
+                    let (_, v) = entry.map_err(db_err)?;
+                    if total >= offset && page.len() < limit {
+                        page.push(from_json::<RecordRow>(v.value(), "record")?.record);
+                    }
+                    total += 1;
+                }
+            }
+            Some(session) => {
+                let links = txn.open_table(SESSION_RECORDS).map_err(db_err)?;
+                let prefix = keys::session(ns, session);
+                let end = keys::prefix_end(&prefix);
+                for entry in links
+                    .range(prefix.as_slice()..end.as_slice())
+                    .map_err(db_err)?
+                {
+                    let (k, _) = entry.map_err(db_err)?;
+                    if total >= offset && page.len() < limit {
+                        let rid = String::from_utf8_lossy(keys::suffix(k.value(), &prefix));
+                        if let Some(row) =
+                            get_json::<RecordRow>(&records, &keys::ns_str(ns, &rid), "record")?
+                        {
+                            page.push(row.record);
+                        }
+                    }
+                    total += 1;
+                }
+            }
+        }
+        Ok((total, page))
+    }
+
     /// The nodes with these ids that exist, in the order asked.
     pub fn nodes(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<EvidenceNode>> {
         let rows: Vec<NodeRow> = self.rows(NODES, ns, Some(ids), "node")?;

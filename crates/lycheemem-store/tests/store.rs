@@ -659,3 +659,43 @@ fn many_concurrent_searches_all_succeed() {
         store.checkpoint().unwrap();
     }
 }
+
+#[test]
+fn records_are_listed_page_by_page_per_namespace_and_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("alice");
+    for (session, seed, texts) in [
+        ("s1", 10, &["r one", "r two", "r three"][..]),
+        ("s2", 20, &["r four", "r five"][..]),
+    ] {
+        store
+            .put_session(&a, SessionInfo::new(sid(session), None))
+            .unwrap();
+        add_turns(&store, &a, session, 4, seed);
+        store
+            .commit_segment(&a, segment_write(&a, session, 0, 3, texts, seed * 10))
+            .unwrap();
+    }
+    let all = store.all_records(&a).unwrap();
+    assert_eq!(all.len(), 5);
+    // Pages cover every record once, in id order.
+    let mut paged = Vec::new();
+    for offset in [0, 2, 4] {
+        let (total, page) = store.records_page(&a, None, offset, 2).unwrap();
+        assert_eq!(total, 5);
+        paged.extend(page);
+    }
+    assert_eq!(paged, all);
+    let (total, page) = store.records_page(&a, None, 9, 2).unwrap();
+    assert_eq!((total, page.len()), (5, 0));
+    // One session's records only.
+    let (total, page) = store.records_page(&a, Some(&sid("s2")), 0, 10).unwrap();
+    assert_eq!(total, 2);
+    assert!(page.iter().all(|r| r.source_session.as_str() == "s2"));
+    let (total, page) = store.records_page(&a, Some(&sid("s1")), 1, 1).unwrap();
+    assert_eq!((total, page.len()), (3, 1));
+    // Another namespace sees nothing.
+    let (total, page) = store.records_page(&ns("bob"), None, 0, 10).unwrap();
+    assert_eq!((total, page.len()), (0, 0));
+}
