@@ -314,7 +314,7 @@ pub fn run_route_timed(
         let items: Vec<ItemRef> = small.iter().cloned().map(ItemRef::Record).collect();
         let vectors: HashMap<String, Vec<f32>> = small
             .into_iter()
-            .zip(ctx.store.vectors(ctx.ns, &items)?)
+            .zip(ctx.store.scoring_vectors(ctx.ns, &items)?)
             .filter_map(|(id, v)| v.map(|v| (id, v)))
             .collect();
         for (node_id, kind, vi) in &node_hits {
@@ -469,7 +469,7 @@ fn resolve(
     }
     let mut flags = keep.into_iter();
     candidates.retain(|_| flags.next().unwrap_or(false));
-    let vectors = ctx.store.vectors(ctx.ns, &items)?;
+    let vectors = ctx.store.scoring_vectors(ctx.ns, &items)?;
     for (c, v) in candidates.iter_mut().zip(vectors) {
         if let Some(v) = v {
             c.r = variant_vectors
@@ -588,7 +588,7 @@ fn add_windows(
             let refs: Vec<ItemRef> = turns.iter().map(|t| ItemRef::Turn(t.turn_ref())).collect();
             let r = ctx
                 .store
-                .vectors(ctx.ns, &refs)?
+                .scoring_vectors(ctx.ns, &refs)?
                 .into_iter()
                 .flatten()
                 .flat_map(|v| variant_vectors.iter().map(move |q| r_of(cosine(&v, q))))

@@ -1497,6 +1497,54 @@ impl Store {
         Ok(out)
     }
 
+    /// Vectors for similarity scoring: the in-memory indexed vector (unit length, at the
+    /// index's precision) where there is one, else the stored vector. Same cosine as
+    /// [`Store::vectors`] without reading vector rows from the database.
+    pub fn scoring_vectors(
+        &self,
+        ns: &Namespace,
+        items: &[ItemRef],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let txn = self.read()?;
+        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
+        let mut keyed = Vec::with_capacity(items.len());
+        for item in items {
+            let target = item_target(item);
+            let key = id_keys
+                .get(keys::pending(ns, target, &item.id()).as_slice())
+                .map_err(db_err)?
+                .map(|k| k.value());
+            keyed.push((target, key));
+        }
+        let indexed: Vec<Option<Vec<f32>>> = {
+            let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
+            keyed
+                .iter()
+                .map(|(target, key)| {
+                    key.and_then(|k| vectors.get_many(ns.as_str(), *target, &[k]).pop().flatten())
+                })
+                .collect()
+        };
+        let mut table = None;
+        let mut out = Vec::with_capacity(items.len());
+        for ((target, key), found) in keyed.into_iter().zip(indexed) {
+            out.push(match (found, key) {
+                (Some(v), _) => Some(v),
+                (None, Some(key)) => {
+                    if table.is_none() {
+                        table = Some(txn.open_table(VECTORS).map_err(db_err)?);
+                    }
+                    let t = table.as_ref().expect("opened");
+                    t.get(keys::vector(ns, target, key).as_slice())
+                        .map_err(db_err)?
+                        .map(|v| vector_from_bytes(v.value()))
+                }
+                (None, None) => None,
+            });
+        }
+        Ok(out)
+    }
+
     /// Nearest neighbours among the given items of one target (e.g. the records of a node):
     /// exact when the list is small, otherwise a filtered HNSW search with the exact fallback.
     pub fn vector_search_within(
@@ -1655,15 +1703,26 @@ impl Store {
         allowed: &HashSet<u64>,
     ) -> Result<Vec<(u64, f32)>> {
         let table = txn.open_table(VECTORS).map_err(db_err)?;
+        let keys_list: Vec<u64> = allowed.iter().copied().collect();
+        let indexed = self.vectors.read().unwrap_or_else(lock_poisoned).get_many(
+            ns.as_str(),
+            target,
+            &keys_list,
+        );
         let mut scored = Vec::with_capacity(allowed.len());
-        for key in allowed {
-            if let Some(v) = table
-                .get(keys::vector(ns, target, *key).as_slice())
-                .map_err(db_err)?
-            {
-                let v = vector_from_bytes(v.value());
-                scored.push((*key, lycheemem_core::vector::cosine(&v, query)));
-            }
+        for (key, found) in keys_list.into_iter().zip(indexed) {
+            // In-memory indexed vector first; the stored row for vectors not indexed yet.
+            let v = match found {
+                Some(v) => v,
+                None => match table
+                    .get(keys::vector(ns, target, key).as_slice())
+                    .map_err(db_err)?
+                {
+                    Some(v) => vector_from_bytes(v.value()),
+                    None => continue,
+                },
+            };
+            scored.push((key, lycheemem_core::vector::cosine(&v, query)));
         }
         scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         scored.truncate(k);

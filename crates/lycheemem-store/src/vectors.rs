@@ -286,6 +286,23 @@ impl VectorIndexes {
             .map_or(0, |v| v.index.size())
     }
 
+    /// The indexed vectors of these keys (unit length, at the index's precision), read from
+    /// memory; `None` for keys not in the index.
+    pub fn get_many(&self, ns: &str, target: Target, keys: &[u64]) -> Vec<Option<Vec<f32>>> {
+        let Some(v) = self.indexes.get(&(ns.to_string(), target)) else {
+            return vec![None; keys.len()];
+        };
+        keys.iter()
+            .map(|&key| {
+                let mut buf = vec![0f32; self.options.dimensions];
+                match v.index.get(key, &mut buf) {
+                    Ok(1) => Some(buf),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
     /// Approximate top-`k` as `(key, cosine similarity)`, best first; with `allowed`, only those
     /// keys are returned.
     pub fn search(

@@ -699,3 +699,36 @@ fn records_are_listed_page_by_page_per_namespace_and_session() {
     let (total, page) = store.records_page(&ns("bob"), None, 0, 10).unwrap();
     assert_eq!((total, page.len()), (0, 0));
 }
+
+#[test]
+fn scoring_vectors_match_the_stored_vectors_by_cosine() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("alice");
+    store
+        .put_session(&a, SessionInfo::new(sid("s1"), None))
+        .unwrap();
+    add_turns(&store, &a, "s1", 3, 5);
+    let w = segment_write(&a, "s1", 0, 2, &["Alice adopted a cat"], 77);
+    let rid = w.records[0].0.record_id.clone();
+    store.commit_segment(&a, w).unwrap();
+    let items = vec![
+        ItemRef::Record(rid),
+        ItemRef::Turn(TurnRef {
+            session: sid("s1"),
+            index: 1,
+        }),
+        ItemRef::Record("r_missing".into()),
+    ];
+    let stored = store.vectors(&a, &items).unwrap();
+    let scoring = store.scoring_vectors(&a, &items).unwrap();
+    assert_eq!(scoring.len(), 3);
+    for (s, v) in stored.iter().zip(&scoring).take(2) {
+        let (s, v) = (s.as_ref().unwrap(), v.as_ref().unwrap());
+        let cos = lycheemem_core::vector::cosine(s, v);
+        assert!(cos > 0.9999, "cosine {cos}");
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "indexed vectors are unit length: {norm}");
+    }
+    assert!(scoring[2].is_none());
+}
