@@ -728,7 +728,10 @@ fn scoring_vectors_match_the_stored_vectors_by_cosine() {
         let cos = lycheemem_core::vector::cosine(s, v);
         assert!(cos > 0.9999, "cosine {cos}");
         let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        assert!((norm - 1.0).abs() < 1e-4, "indexed vectors are unit length: {norm}");
+        assert!(
+            (norm - 1.0).abs() < 1e-4,
+            "indexed vectors are unit length: {norm}"
+        );
     }
     assert!(scoring[2].is_none());
 }
