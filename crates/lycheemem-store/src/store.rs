@@ -1521,24 +1521,17 @@ impl Store {
             keyed
                 .iter()
                 .map(|(target, key)| {
-                    key.and_then(|k| vectors.get_many(ns.as_str(), *target, &[k]).pop().flatten())
+                    let key = (*key)?;
+                    vectors.get_many(ns.as_str(), *target, &[key]).pop()?
                 })
                 .collect()
         };
-        let mut table = None;
+        let table = txn.open_table(VECTORS).map_err(db_err)?;
         let mut out = Vec::with_capacity(items.len());
         for ((target, key), found) in keyed.into_iter().zip(indexed) {
             out.push(match (found, key) {
                 (Some(v), _) => Some(v),
-                (None, Some(key)) => {
-                    if table.is_none() {
-                        table = Some(txn.open_table(VECTORS).map_err(db_err)?);
-                    }
-                    let t = table.as_ref().expect("opened");
-                    t.get(keys::vector(ns, target, key).as_slice())
-                        .map_err(db_err)?
-                        .map(|v| vector_from_bytes(v.value()))
-                }
+                (None, Some(key)) => stored_vector(&table, ns, target, key)?,
                 (None, None) => None,
             });
         }
@@ -1714,11 +1707,8 @@ impl Store {
             // In-memory indexed vector first; the stored row for vectors not indexed yet.
             let v = match found {
                 Some(v) => v,
-                None => match table
-                    .get(keys::vector(ns, target, key).as_slice())
-                    .map_err(db_err)?
-                {
-                    Some(v) => vector_from_bytes(v.value()),
+                None => match stored_vector(&table, ns, target, key)? {
+                    Some(v) => v,
                     None => continue,
                 },
             };
@@ -1892,4 +1882,17 @@ impl Drop for Store {
             );
         }
     }
+}
+
+/// The stored (database) vector of one key.
+fn stored_vector(
+    table: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    ns: &Namespace,
+    target: Target,
+    key: u64,
+) -> Result<Option<Vec<f32>>> {
+    Ok(table
+        .get(keys::vector(ns, target, key).as_slice())
+        .map_err(db_err)?
+        .map(|v| vector_from_bytes(v.value())))
 }

@@ -289,13 +289,11 @@ impl VectorIndexes {
     /// The indexed vectors of these keys (unit length, at the index's precision), read from
     /// memory; `None` for keys not in the index.
     pub fn get_many(&self, ns: &str, target: Target, keys: &[u64]) -> Vec<Option<Vec<f32>>> {
-        let Some(v) = self.indexes.get(&(ns.to_string(), target)) else {
-            return vec![None; keys.len()];
-        };
+        let index = self.indexes.get(&(ns.to_string(), target));
         keys.iter()
             .map(|&key| {
                 let mut buf = vec![0f32; self.options.dimensions];
-                match v.index.get(key, &mut buf) {
+                match index?.index.get(key, &mut buf) {
                     Ok(1) => Some(buf),
                     _ => None,
                 }
