@@ -67,6 +67,15 @@ pub fn paths(cache: &Path, kind: DatasetKind, item: &str, hash: &str) -> (PathBu
     (cache.join(&name), cache.join(format!("{name}.json")))
 }
 
+/// Whether the item's memory under `hash` is finished for all of its sessions.
+pub fn is_built(cache: &Path, kind: DatasetKind, item: &Item, hash: &str) -> bool {
+    let (_, marker) = paths(cache, kind, &item.id, hash);
+    std::fs::read(&marker)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<ConstructionReport>(&b).ok())
+        .is_some_and(|r| r.sessions >= item.sessions.len())
+}
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Partial {
     seconds: f64,

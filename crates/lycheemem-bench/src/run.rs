@@ -17,7 +17,8 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 /// What to run.
@@ -48,6 +49,11 @@ pub struct RunSpec {
     /// cheap slice; the memory built is a prefix of the full one, so the cache is shared).
     #[serde(default)]
     pub max_sessions: Option<usize>,
+    /// Questions (and item constructions) worked on at the same time; a local LLM decodes their
+    /// calls together (continuous batching). 0 or 1 = one at a time. Results do not depend on
+    /// it (up to the float rounding of batched kernels); wall times do.
+    #[serde(default)]
+    pub jobs: usize,
 }
 
 /// The dataset cut to each item's first `n` sessions, keeping the questions whose gold
@@ -403,16 +409,53 @@ pub fn run(
         total,
     };
     let comps = &backends.components;
+    let groups = construction_groups(&variants);
+    // Memories not built yet are built first, several items at a time (their encoder calls are
+    // decoded together by a local LLM).
+    if spec.jobs > 1 {
+        let mut tasks: Vec<(usize, &str, &Config)> = Vec::new();
+        for (&i, qs) in &by_item {
+            let item = &dataset.items[i];
+            for (hash, group) in &groups {
+                let needed = group.iter().any(|v| {
+                    !pending(v, item, qs, &done).is_empty()
+                        || !built.contains(&(v.name.clone(), item.id.clone()))
+                });
+                if needed && !construct::is_built(&spec.cache, dataset.kind, item, hash) {
+                    tasks.push((i, hash.as_str(), &group[0].config));
+                }
+            }
+        }
+        if tasks.len() > 1 {
+            progress(format!(
+                "building {} memories, {} at a time",
+                tasks.len(),
+                spec.jobs.min(tasks.len())
+            ));
+            for_each_parallel(
+                spec.jobs,
+                &tasks,
+                |&(i, hash, config), say| {
+                    construct::build_or_open(
+                        &spec.cache,
+                        dataset.kind,
+                        &dataset.items[i],
+                        config,
+                        hash,
+                        comps.clone(),
+                        say,
+                    )
+                    .map(|_| ())
+                },
+                progress,
+                |(), _| Ok(()),
+            )?;
+        }
+    }
     for (&i, qs) in &by_item {
         let item = &dataset.items[i];
         // Memory variants grouped by construction, so each memory is opened once.
-        let mut groups: BTreeMap<String, Vec<&Variant>> = BTreeMap::new();
-        for v in &variants {
-            if v.kind == VariantKind::Memory {
-                groups.entry(v.construction_hash()).or_default().push(v);
-            }
-        }
-        for (hash, group) in groups {
+        for (hash, group) in &groups {
             let need_questions = group
                 .iter()
                 .any(|v| !pending(v, item, qs, &done).is_empty());
@@ -427,7 +470,7 @@ pub fn run(
                 dataset.kind,
                 item,
                 &group[0].config,
-                &hash,
+                hash,
                 comps.clone(),
                 progress,
             )?;
@@ -439,7 +482,7 @@ pub fn run(
                 report.records,
                 report.tokens()
             ));
-            for v in &group {
+            for v in group {
                 if built.insert((v.name.clone(), item.id.clone())) {
                     append_line(
                         &spec.out.join("construction.jsonl"),
@@ -451,12 +494,29 @@ pub fn run(
                 }
             }
             let ns = construct::namespace(dataset.kind, &item.id)?;
-            for v in &group {
+            for v in group {
                 let file = spec
                     .out
                     .join("predictions")
                     .join(format!("{}.jsonl", v.name));
-                for j in pending(v, item, qs, &done) {
+                let todo = pending(v, item, qs, &done);
+                if v.plans() {
+                    let questions: Vec<&Question> =
+                        todo.iter().map(|&j| &item.questions[j]).collect();
+                    prefetch_plans(
+                        &questions,
+                        v,
+                        comps,
+                        &plans_path,
+                        &mut plans,
+                        spec.jobs,
+                        progress,
+                    )?;
+                }
+                let plans = &plans;
+                let memory = &memory;
+                let ns = &ns;
+                let evaluate = |&j: &usize, _: &mut dyn FnMut(String)| -> Result<Prediction> {
                     let q = &item.questions[j];
                     let retriever = Retriever {
                         store: memory.store(),
@@ -466,12 +526,15 @@ pub fn run(
                         cfg: &v.config.retrieval,
                     };
                     let cached_plan = if v.plans() {
-                        Some(plan_for(q, v, comps, &plans_path, &mut plans)?)
+                        let key = plan_key(q, v, comps);
+                        Some(plans.get(&key).cloned().ok_or_else(|| {
+                            anyhow::anyhow!("no plan was made for question {}", q.id)
+                        })?)
                     } else {
                         None
                     };
                     let result = retriever.search(
-                        &ns,
+                        ns,
                         &SearchRequest {
                             question: &q.question,
                             context: "",
@@ -503,12 +566,16 @@ pub fn run(
                         spec,
                         backends,
                     )?;
+                    Ok(p)
+                };
+                for_each_parallel(spec.jobs, &todo, evaluate, progress, |p, progress| {
                     append_line(&file, &p)?;
-                    done.insert((v.name.clone(), q.id.clone()));
                     if let Some(line) = clock.tick() {
-                        progress(format!("[{}] {} {line}", v.name, q.id));
+                        progress(format!("[{}] {} {line}", v.name, p.question_id));
                     }
-                }
+                    done.insert((p.variant, p.question_id));
+                    Ok(())
+                })?;
             }
         }
         for v in variants.iter().filter(|v| v.kind != VariantKind::Memory) {
@@ -529,10 +596,11 @@ pub fn run(
             } else {
                 None
             };
-            for j in todo {
+            let index = &index;
+            let evaluate = |&j: &usize, _: &mut dyn FnMut(String)| -> Result<Prediction> {
                 let q = &item.questions[j];
                 let clock_q = Instant::now();
-                let (evidence, note, config) = match &index {
+                let (evidence, note, config) = match index {
                     Some(index) => (
                         index.search(&q.question, spec.top_k.max(1), comps.embedder.as_ref())?,
                         None,
@@ -554,12 +622,23 @@ pub fn run(
                 let mut p = base_prediction(v, item, q, &evidence, ms);
                 p.note = note;
                 finish(&mut p, dataset.kind, q, &evidence, &config, spec, backends)?;
+                Ok(p)
+            };
+            // Every full_context prompt starts with the same whole history: one at a time, each
+            // call reuses the cached history and prefills only its question.
+            let jobs = if v.kind == VariantKind::FullContext {
+                1
+            } else {
+                spec.jobs
+            };
+            for_each_parallel(jobs, &todo, evaluate, progress, |p, progress| {
                 append_line(&file, &p)?;
-                done.insert((v.name.clone(), q.id.clone()));
                 if let Some(line) = clock.tick() {
-                    progress(format!("[{}] {} {line}", v.name, q.id));
+                    progress(format!("[{}] {} {line}", v.name, p.question_id));
                 }
-            }
+                done.insert((p.variant, p.question_id));
+                Ok(())
+            })?;
             if v.kind == VariantKind::NaiveRag && built.insert((v.name.clone(), item.id.clone())) {
                 append_line(
                     &spec.out.join("construction.jsonl"),
@@ -578,6 +657,82 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// Memory variants grouped by construction hash (variants of one group share one memory).
+fn construction_groups(variants: &[Variant]) -> BTreeMap<String, Vec<&Variant>> {
+    let mut groups: BTreeMap<String, Vec<&Variant>> = BTreeMap::new();
+    for v in variants {
+        if v.kind == VariantKind::Memory {
+            groups.entry(v.construction_hash()).or_default().push(v);
+        }
+    }
+    groups
+}
+
+/// A message from a worker of [`for_each_parallel`].
+enum Message<R> {
+    Line(String),
+    Done(Result<R>),
+}
+
+/// Runs `work` on every input with up to `jobs` threads (inputs in order, `jobs` ≤ 1 on the
+/// calling thread). `done` receives each result on the calling thread as it arrives, and
+/// `progress` the lines the workers report. After the first error no new input is started, the
+/// running ones finish, and that error is returned.
+fn for_each_parallel<T: Sync, R: Send>(
+    jobs: usize,
+    inputs: &[T],
+    work: impl Fn(&T, &mut dyn FnMut(String)) -> Result<R> + Sync,
+    progress: &mut dyn FnMut(String),
+    mut done: impl FnMut(R, &mut dyn FnMut(String)) -> Result<()>,
+) -> Result<()> {
+    if jobs <= 1 || inputs.len() <= 1 {
+        for input in inputs {
+            let result = work(input, &mut *progress)?;
+            done(result, &mut *progress)?;
+        }
+        return Ok(());
+    }
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel::<Message<R>>();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(inputs.len()) {
+            let tx = tx.clone();
+            let (next, failed, work) = (&next, &failed, &work);
+            scope.spawn(move || {
+                while !failed.load(Ordering::SeqCst) {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(input) = inputs.get(i) else { break };
+                    let mut say = |line: String| {
+                        let _ = tx.send(Message::Line(line));
+                    };
+                    let result = work(input, &mut say);
+                    if result.is_err() {
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                    if tx.send(Message::Done(result)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut first_error = None;
+        for message in rx {
+            match message {
+                Message::Line(line) => progress(line),
+                Message::Done(result) => {
+                    if let Err(e) = result.and_then(|r| done(r, &mut *progress)) {
+                        failed.store(true, Ordering::SeqCst);
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    })
 }
 
 fn base_prediction(
@@ -657,15 +812,8 @@ fn finish(
     Ok(())
 }
 
-/// The plan for a question, made once per (planner model, planner limits, question, date) and
-/// cached in `<cache>/plans.jsonl` for every variant and later run.
-fn plan_for(
-    q: &Question,
-    v: &Variant,
-    comps: &Components,
-    path: &Path,
-    plans: &mut HashMap<String, CachedPlan>,
-) -> Result<CachedPlan> {
+/// The cache key of a question's plan: (planner model, planner limits, question, date).
+fn plan_key(q: &Question, v: &Variant, comps: &Components) -> String {
     let r = &v.config.retrieval;
     let key_src = serde_json::json!({
         "llm": comps.plan_llm.model_id(),
@@ -673,27 +821,76 @@ fn plan_for(
         "date": q.date,
         "limits": [r.planner_context_chars, r.max_queries, r.max_routes, r.max_queries_per_route, r.max_constraints],
     });
-    let key = hex::encode(Sha256::digest(key_src.to_string().as_bytes()));
-    if let Some(p) = plans.get(&key) {
-        return Ok(p.clone());
+    hex::encode(Sha256::digest(key_src.to_string().as_bytes()))
+}
+
+/// Makes the plans the questions lack, `jobs` at a time, and caches each in `<cache>/plans.jsonl`
+/// (one plan per key, shared by every variant and later run).
+fn prefetch_plans(
+    questions: &[&Question],
+    v: &Variant,
+    comps: &Components,
+    path: &Path,
+    plans: &mut HashMap<String, CachedPlan>,
+    jobs: usize,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    let mut missing: Vec<(String, &Question)> = Vec::new();
+    for q in questions {
+        let key = plan_key(q, v, comps);
+        if !plans.contains_key(&key) && !missing.iter().any(|(k, _)| *k == key) {
+            missing.push((key, q));
+        }
     }
-    let outcome = lycheemem_retrieve::planner::plan(
-        comps.plan_llm.as_ref(),
-        &q.question,
-        "",
-        q.date.as_deref(),
-        r,
-    );
-    let cached = CachedPlan {
-        key: key.clone(),
-        plan: outcome.plan,
-        fallback: outcome.fallback,
-        usage: outcome.usage.map(|mut u| {
-            u.purpose = Purpose::Plan;
-            u
-        }),
-    };
-    append_line(path, &cached)?;
-    plans.insert(key, cached.clone());
-    Ok(cached)
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let total = missing.len();
+    progress(format!(
+        "[{}] planning {total} questions, {} at a time",
+        v.name,
+        jobs.clamp(1, total)
+    ));
+    let r = &v.config.retrieval;
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let mut made = 0;
+    for_each_parallel(
+        jobs,
+        &missing,
+        |(key, q), _| {
+            let outcome = lycheemem_retrieve::planner::plan(
+                comps.plan_llm.as_ref(),
+                &q.question,
+                "",
+                q.date.as_deref(),
+                r,
+            );
+            Ok(CachedPlan {
+                key: key.clone(),
+                plan: outcome.plan,
+                fallback: outcome.fallback,
+                usage: outcome.usage.map(|mut u| {
+                    u.purpose = Purpose::Plan;
+                    u
+                }),
+            })
+        },
+        progress,
+        |cached, progress| {
+            append_line(path, &cached)?;
+            plans.insert(cached.key.clone(), cached);
+            made += 1;
+            if made == total || last_report.elapsed().as_secs_f64() >= 10.0 {
+                last_report = Instant::now();
+                let elapsed = started.elapsed().as_secs_f64();
+                progress(format!(
+                    "[{}] plans {made}/{total}, {elapsed:.0}s elapsed, eta {:.0}s",
+                    v.name,
+                    elapsed / made as f64 * (total - made) as f64
+                ));
+            }
+            Ok(())
+        },
+    )
 }

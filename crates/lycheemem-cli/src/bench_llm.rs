@@ -37,6 +37,19 @@ pub struct BenchLlmArgs {
     /// Python with llama-cpp-python installed; omit to time candle only.
     #[arg(long)]
     reference_python: Option<PathBuf>,
+    /// Also measure batched decoding (continuous batching): aggregate decode speed with this
+    /// many sequences decoded together, e.g. `1,2,4,8` (batch 1 is the reference).
+    #[arg(long, value_delimiter = ',')]
+    batches: Vec<usize>,
+    /// Prompt length of each sequence in the batched measurement.
+    #[arg(long, default_value_t = 256)]
+    batch_prompt_tokens: usize,
+}
+
+struct BatchRow {
+    model: String,
+    batch: usize,
+    decode: f64,
 }
 
 struct Row {
@@ -50,6 +63,7 @@ pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
     let store = ModelStore::open(models_dir)?;
     let text = crate::locomo_text::turns(&args.locomo, 400)?.join("\n");
     let mut rows: Vec<Row> = Vec::new();
+    let mut batch_rows: Vec<BatchRow> = Vec::new();
     println!(
         "prompt {} tokens, decode {} tokens, {} threads, best of {}",
         args.prompt_tokens, args.decode_tokens, args.threads, args.repeats
@@ -88,6 +102,19 @@ pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
             prefill: prefill.as_secs_f64(),
             decode: decode.as_secs_f64(),
         });
+        let batch_ids = &ids[..args.batch_prompt_tokens.min(ids.len())];
+        for &batch in &args.batches {
+            let mut best = Duration::MAX;
+            for _ in 0..args.repeats.max(1) {
+                let (_, d) = llm.measure_batched_speed(batch_ids, args.decode_tokens, batch)?;
+                best = best.min(d);
+            }
+            batch_rows.push(BatchRow {
+                model: name.clone(),
+                batch,
+                decode: best.as_secs_f64(),
+            });
+        }
         drop(llm);
         if let Some(python) = &args.reference_python {
             rows.push(reference(python, name, &path, ids, &args)?);
@@ -117,6 +144,37 @@ pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
         );
     }
     println!("(ratio = llama.cpp time / this row's time: above 1.00x is faster than llama.cpp)");
+    if !batch_rows.is_empty() {
+        println!(
+            "\nBatched decoding: {} sequences of {} prompt tokens each, {} steps\n",
+            args.batches
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join("/"),
+            args.batch_prompt_tokens,
+            args.decode_tokens
+        );
+        println!(
+            "| model | batch | decode tok/s (all sequences) | per sequence | throughput vs batch 1 |"
+        );
+        println!("|---|---:|---:|---:|---:|");
+        for row in &batch_rows {
+            let total = (row.batch * args.decode_tokens) as f64 / row.decode;
+            let single = batch_rows
+                .iter()
+                .find(|r| r.model == row.model && r.batch == 1)
+                .map(|r| args.decode_tokens as f64 / r.decode);
+            println!(
+                "| {} | {} | {:.1} | {:.1} | {} |",
+                row.model,
+                row.batch,
+                total,
+                total / row.batch as f64,
+                single.map_or("-".into(), |s| format!("{:.2}x", total / s)),
+            );
+        }
+    }
 
     if let Some(name) = args
         .models

@@ -50,6 +50,11 @@ pub struct BenchRunArgs {
     /// Only each item's first N sessions and the questions whose evidence lies in them.
     #[arg(long)]
     sessions: Option<usize>,
+    /// Questions (and memory constructions) worked on at the same time; a local LLM decodes
+    /// their calls together (set `--llm-batch` at least as large). Results are the same as one at
+    /// a time; wall times are not comparable across different values.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
     /// Judge LLM (default: the answer LLM).
     #[arg(long, env = "LYCHEEMEM_JUDGE_LLM")]
     judge_llm: Option<String>,
@@ -115,6 +120,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         naive_chunk_turns: args.naive_chunk_turns,
         full_context_reserve: 1024,
         max_sessions: args.sessions,
+        jobs: args.jobs,
     };
     let mut models = BTreeMap::new();
     models.insert("embedder".to_string(), base.models.embedder.clone());

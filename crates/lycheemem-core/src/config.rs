@@ -138,6 +138,9 @@ pub struct ModelsConfig {
     pub threads: usize,
     /// Texts per embedding batch.
     pub embed_batch_size: usize,
+    /// Local LLMs: most concurrent calls decoded together (continuous batching); 0 = the
+    /// backend's default (8), 1 = one call at a time.
+    pub llm_batch: usize,
 }
 
 impl Default for ModelsConfig {
@@ -151,6 +154,7 @@ impl Default for ModelsConfig {
             answer_llm: "local:qwen2.5-coder-0.5b-instruct".into(),
             threads: 0,
             embed_batch_size: 32,
+            llm_batch: 0,
         }
     }
 }

@@ -3,8 +3,9 @@
 //! prefix (the same system prompt for every segment) skip its prefill.
 //!
 //! Follows candle-transformers' `quantized_llama` / `quantized_qwen2`; differs in the cache,
-//! which here is owned per layer with an explicit length, and in reading both architectures
-//! through one configuration.
+//! which here is a separate [`KvState`] per sequence (so one set of weights serves several
+//! sequences, and [`Decoder::forward_batch`] decodes one token of each in a single pass over the
+//! weights), and in reading both architectures through one configuration.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
 use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
@@ -142,7 +143,6 @@ struct Layer {
     w_gate: Linear,
     w_up: Linear,
     w_down: Linear,
-    cache: KvCache,
 }
 
 /// Keys and values of the cached positions in preallocated buffers `(1, n_kv_head, capacity,
@@ -196,7 +196,26 @@ impl KvCache {
     }
 }
 
-/// A loaded decoder with its KV cache.
+/// The cached keys and values of one sequence (every layer) and how many positions they hold.
+pub struct KvState {
+    layers: Vec<KvCache>,
+    len: usize,
+}
+
+impl KvState {
+    /// Drops cached positions beyond `len` (keeps the first `len`; buffers stay allocated).
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        for cache in &mut self.layers {
+            cache.len = cache.len.min(len);
+        }
+        self.len = len;
+    }
+}
+
+/// A loaded decoder (weights only; each sequence's cache is a [`KvState`]).
 pub struct Decoder {
     cfg: DecoderConfig,
     embed: Embedding,
@@ -205,7 +224,6 @@ pub struct Decoder {
     output: Linear,
     cos: Tensor,
     sin: Tensor,
-    cached: usize,
     device: Device,
 }
 
@@ -250,7 +268,6 @@ impl Decoder {
                 w_gate: mm(reader, "ffn_gate.weight")?,
                 w_up: mm(reader, "ffn_up.weight")?,
                 w_down: mm(reader, "ffn_down.weight")?,
-                cache: KvCache::new(),
             });
         }
         let (cos, sin) = rope_tables(cfg.head_dim, cfg.rope_base, cfg.context_length, device)?;
@@ -262,7 +279,6 @@ impl Decoder {
             output,
             cos,
             sin,
-            cached: 0,
             device: device.clone(),
         })
     }
@@ -271,33 +287,23 @@ impl Decoder {
         &self.cfg
     }
 
-    /// Drops cached positions beyond `len` (keeps the first `len`).
-    pub fn truncate_cache(&mut self, len: usize) -> Result<()> {
-        if len >= self.cached {
-            return Ok(());
+    /// An empty cache for one sequence.
+    pub fn new_state(&self) -> KvState {
+        KvState {
+            layers: (0..self.cfg.n_layer).map(|_| KvCache::new()).collect(),
+            len: 0,
         }
-        for layer in &mut self.layers {
-            layer.cache.len = layer.cache.len.min(len);
-        }
-        self.cached = len;
-        Ok(())
     }
 
-    /// Runs `tokens` at positions `cached_len()..`, appends them to the cache, and returns the
-    /// logits (f32, vocab-sized) of the last position.
-    pub fn forward(&mut self, tokens: &[u32]) -> Result<Tensor> {
-        let pos = self.cached;
+    /// Runs `tokens` of one sequence at positions `state.len()..`, appends them to its cache, and
+    /// returns the logits (f32, vocab-sized) of the last position.
+    pub fn forward(&self, state: &mut KvState, tokens: &[u32]) -> Result<Tensor> {
+        let pos = state.len;
         let seq = tokens.len();
         if seq == 0 {
             candle_core::bail!("forward needs at least one token");
         }
-        if pos + seq > self.cfg.context_length {
-            candle_core::bail!(
-                "{} positions exceed the context length {}",
-                pos + seq,
-                self.cfg.context_length
-            );
-        }
+        self.check_room(pos + seq)?;
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
         let mask = if seq > 1 {
             Some(causal_mask(seq, pos, &self.device)?)
@@ -307,26 +313,112 @@ impl Decoder {
         let cos = self.cos.narrow(0, pos, seq)?;
         let sin = self.sin.narrow(0, pos, seq)?;
         let mut x = self.embed.forward(&ids)?;
-        for layer in &mut self.layers {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps as f32)?;
-            let attn = attention(&self.cfg, layer, &h, mask.as_ref(), &cos, &sin)?;
-            x = (attn + x)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.cfg.rms_eps as f32)?;
-            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
-            let up = layer.w_up.forward(&h)?;
-            x = (layer.w_down.forward(&(gate * up)?)? + x)?;
+        let result = (|| -> Result<Tensor> {
+            for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
+                let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps as f32)?;
+                let (q, k, v) = project_qkv(&self.cfg, layer, &h)?;
+                let y = attend(&self.cfg, cache, &q, &k, &v, mask.as_ref(), &cos, &sin)?;
+                x = (layer.wo.forward(&y)? + &x)?;
+                x = self.feed_forward(layer, &x)?;
+            }
+            let last = x.i((.., seq - 1..seq, ..))?;
+            self.logits(&last)?.squeeze(0)?.squeeze(0)
+        })();
+        self.settle(state, pos, seq, result.is_ok());
+        result
+    }
+
+    /// One decode step for several sequences at once: `tokens[i]` is the next token of
+    /// `states[i]`. Every weight matrix is multiplied with all rows together (one pass over the
+    /// weights instead of one per sequence), while attention runs per sequence against its own
+    /// cache. Returns each sequence's logits. Row results equal [`Decoder::forward`] up to the
+    /// matmul kernel's accumulation order.
+    pub fn forward_batch(
+        &self,
+        states: &mut [&mut KvState],
+        tokens: &[u32],
+    ) -> Result<Vec<Tensor>> {
+        let b = tokens.len();
+        if b == 0 || b != states.len() {
+            candle_core::bail!("forward_batch needs one token per sequence");
         }
-        self.cached = pos + seq;
-        let x = candle_nn::ops::rms_norm(
-            &x.i((.., seq - 1..seq, ..))?,
-            &self.norm,
-            self.cfg.rms_eps as f32,
-        )?;
-        self.output
-            .forward(&x)?
-            .squeeze(0)?
-            .squeeze(0)?
-            .to_dtype(DType::F32)
+        for s in states.iter() {
+            self.check_room(s.len + 1)?;
+        }
+        let positions: Vec<usize> = states.iter().map(|s| s.len).collect();
+        let rope_at = |table: &Tensor| -> Result<Vec<Tensor>> {
+            positions.iter().map(|&p| table.narrow(0, p, 1)).collect()
+        };
+        let (cos, sin) = (rope_at(&self.cos)?, rope_at(&self.sin)?);
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let mut x = self.embed.forward(&ids)?; // (1, b, d): the sequences side by side
+        let result = (|| -> Result<Vec<Tensor>> {
+            for (l, layer) in self.layers.iter().enumerate() {
+                let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps as f32)?;
+                let (q, k, v) = project_qkv(&self.cfg, layer, &h)?;
+                let mut ys = Vec::with_capacity(b);
+                for (i, state) in states.iter_mut().enumerate() {
+                    // Sequence i is row i: `(1, heads, 1, hd)` views of the batched projections.
+                    let row = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
+                    let cache = &mut state.layers[l];
+                    ys.push(attend(
+                        &self.cfg,
+                        cache,
+                        &row(&q)?,
+                        &row(&k)?,
+                        &row(&v)?,
+                        None,
+                        &cos[i],
+                        &sin[i],
+                    )?);
+                }
+                let y = Tensor::cat(&ys, 1)?;
+                x = (layer.wo.forward(&y)? + &x)?;
+                x = self.feed_forward(layer, &x)?;
+            }
+            let logits = self.logits(&x)?.squeeze(0)?; // (b, vocab)
+            (0..b).map(|i| logits.get(i)).collect()
+        })();
+        for (state, &pos) in states.iter_mut().zip(&positions) {
+            self.settle(state, pos, 1, result.is_ok());
+        }
+        result
+    }
+
+    fn check_room(&self, needed: usize) -> Result<()> {
+        if needed > self.cfg.context_length {
+            candle_core::bail!(
+                "{needed} positions exceed the context length {}",
+                self.cfg.context_length
+            );
+        }
+        Ok(())
+    }
+
+    /// After a pass: the new positions count (`ok`), or every layer is cut back to `pos` so the
+    /// cache stays exactly the prefix it held before the failed pass.
+    fn settle(&self, state: &mut KvState, pos: usize, added: usize, ok: bool) {
+        if ok {
+            state.len = pos + added;
+        } else {
+            for cache in &mut state.layers {
+                cache.len = cache.len.min(pos);
+            }
+            state.len = pos;
+        }
+    }
+
+    fn feed_forward(&self, layer: &Layer, x: &Tensor) -> Result<Tensor> {
+        let h = candle_nn::ops::rms_norm(x, &layer.ffn_norm, self.cfg.rms_eps as f32)?;
+        let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
+        let up = layer.w_up.forward(&h)?;
+        layer.w_down.forward(&(gate * up)?)? + x
+    }
+
+    /// f32 logits of every row of `x` `(1, rows, d)`.
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let x = candle_nn::ops::rms_norm(x, &self.norm, self.cfg.rms_eps as f32)?;
+        self.output.forward(&x)?.to_dtype(DType::F32)
     }
 }
 
@@ -343,14 +435,8 @@ fn with_fast_kernel(q: QTensor, device: &Device) -> Result<QTensor> {
     }
 }
 
-fn attention(
-    cfg: &DecoderConfig,
-    layer: &mut Layer,
-    x: &Tensor,
-    mask: Option<&Tensor>,
-    cos: &Tensor,
-    sin: &Tensor,
-) -> Result<Tensor> {
+/// The query, key and value projections of `x` `(1, seq, d)` as `(1, heads, seq, head_dim)`.
+fn project_qkv(cfg: &DecoderConfig, layer: &Layer, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
     let (b, seq, _) = x.dims3()?;
     let project = |w: &Linear, bias: &Option<Tensor>, heads: usize| -> Result<Tensor> {
         let mut t = w.forward(x)?;
@@ -361,6 +447,28 @@ fn attention(
             .transpose(1, 2)?
             .contiguous()
     };
+    Ok((
+        project(&layer.wq, &layer.bq, cfg.n_head)?,
+        project(&layer.wk, &layer.bk, cfg.n_kv_head)?,
+        project(&layer.wv, &layer.bv, cfg.n_kv_head)?,
+    ))
+}
+
+/// Attention of one sequence: rotates `q`, `k` (`(1, heads, seq, hd)`) to their positions,
+/// appends `k`, `v` to `cache`, and returns the attended values `(1, seq, n_head * hd)` (before
+/// the output projection).
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    cfg: &DecoderConfig,
+    cache: &mut KvCache,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
+    let (b, _, seq, _) = q.dims4()?;
     let rope = |t: &Tensor| {
         if cfg.rope_neox {
             candle_nn::rotary_emb::rope(t, cos, sin)
@@ -368,10 +476,9 @@ fn attention(
             candle_nn::rotary_emb::rope_i(t, cos, sin)
         }
     };
-    let q = rope(&project(&layer.wq, &layer.bq, cfg.n_head)?)?;
-    let k = rope(&project(&layer.wk, &layer.bk, cfg.n_kv_head)?)?;
-    let v = project(&layer.wv, &layer.bv, cfg.n_kv_head)?;
-    let (k, v) = layer.cache.append(&k, &v, cfg.context_length)?;
+    let q = rope(q)?;
+    let k = rope(k)?;
+    let (k, v) = cache.append(&k, v, cfg.context_length)?;
     // Grouped-query attention without copying keys/values per query head: the `groups` query
     // heads that share a kv head are stacked along the sequence axis, `(b, n_kv, groups*seq, hd)`.
     let groups = cfg.n_head / cfg.n_kv_head;
@@ -386,12 +493,10 @@ fn attention(
         att = att.broadcast_add(&mask)?;
     }
     let att = candle_nn::ops::softmax_last_dim(&att)?;
-    let y = att
-        .matmul(&v)?
+    att.matmul(&v)?
         .reshape((b, cfg.n_head, seq, cfg.head_dim))?
         .transpose(1, 2)?
-        .reshape((b, seq, cfg.n_head * cfg.head_dim))?;
-    layer.wo.forward(&y)
+        .reshape((b, seq, cfg.n_head * cfg.head_dim))
 }
 
 /// Additive causal mask `(seq, pos + seq)`: 0 where query `i` may see key `j`, -inf elsewhere.

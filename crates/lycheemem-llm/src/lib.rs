@@ -8,9 +8,11 @@
 //! - [`Metered`]: a wrapper recording every call's purpose, tokens and latency into a
 //!   [`UsageSink`].
 //!
-//! Concurrency model: calls are blocking and `Llm` is `Send + Sync`. A local model serves one
-//! generation at a time (callers queue on an internal lock); async callers (the server) run
-//! calls on a blocking thread pool.
+//! Concurrency model: calls are blocking and `Llm` is `Send + Sync`. A local model decodes
+//! concurrent calls together (continuous batching on one worker thread, up to
+//! `LocalOptions::max_batch` at once), so callers with independent work (the benchmark's
+//! questions, the server's requests) should call from several threads; async callers (the
+//! server) run calls on a blocking thread pool.
 
 mod chat_template;
 mod constrained;
@@ -24,7 +26,7 @@ mod spec;
 
 pub use chat_template::ChatTemplate;
 pub use gguf_tokenizer::{SpecialTokens, tokenizer_from_gguf};
-pub use local::{LocalLlm, LocalOptions};
+pub use local::{DEFAULT_MAX_BATCH, LocalLlm, LocalOptions};
 pub use metering::{MemorySink, Metered, UsageSink};
 pub use remote::{RemoteLlm, RemoteOptions, StructuredOutput};
 pub use schema_check::validate as validate_against_schema;

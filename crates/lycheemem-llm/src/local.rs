@@ -1,24 +1,38 @@
-//! The local backend: a GGUF model on candle, with its own tokenizer and chat template, a KV
-//! cache reused across calls for the longest common token prefix, and schema-constrained
-//! decoding.
+//! The local backend: a GGUF model on candle, with its own tokenizer and chat template, KV caches
+//! reused across calls for the longest common token prefix, schema-constrained decoding, and
+//! continuous batching: concurrent calls are decoded together.
+//!
+//! One worker thread owns the model. Callers tokenize and prepare their request on their own
+//! thread, hand it to the worker, and block until it answers. The worker keeps up to
+//! `max_batch` generations active, each in its own cache slot: a new request is prefilled
+//! (reusing the slot whose cached tokens share the longest prefix with its prompt), then every
+//! active generation advances one token per step in one batched pass over the weights
+//! ([`Decoder::forward_batch`]). Decoding a token is bound by reading the weights, so several
+//! generations decode in little more time than one. A single caller sees exactly the
+//! sequential behaviour (a step with one active generation runs the unbatched forward).
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use lycheemem_core::{Error, Result};
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 use tokenizers::Tokenizer;
 
 use crate::chat_template::ChatTemplate;
-use crate::constrained::SchemaConstraints;
-use crate::decoder::Decoder;
+use crate::constrained::{ActiveConstraint, SchemaConstraints};
+use crate::decoder::{Decoder, KvState};
 use crate::gguf_tokenizer::{SpecialTokens, tokenizer_from_gguf};
 use crate::{ChatMessage, Completion, FinishReason, GenerateOptions, Llm};
 
 /// Prompt tokens are prefilled in chunks of this many positions (bounds attention memory).
 const PREFILL_CHUNK: usize = 512;
+
+/// Generations decoded together when [`LocalOptions::max_batch`] is 0.
+pub const DEFAULT_MAX_BATCH: usize = 8;
 
 /// Load-time options of the local backend.
 #[derive(Debug, Clone, Default)]
@@ -29,17 +43,13 @@ pub struct LocalOptions {
     pub model_id: Option<String>,
     /// Caps the context below the model's trained length (saves KV memory).
     pub max_context: Option<usize>,
+    /// Most generations decoded together (each keeps its own KV cache slot, so this also bounds
+    /// the prompt prefixes kept for reuse); 0 = [`DEFAULT_MAX_BATCH`], 1 = one at a time.
+    pub max_batch: usize,
 }
 
-struct State {
-    decoder: Decoder,
-    /// Exactly the tokens whose keys/values are in the decoder's cache, in order.
-    cached_tokens: Vec<u32>,
-}
-
-/// A GGUF chat model running locally (see the module docs).
-pub struct LocalLlm {
-    state: Mutex<State>,
+/// What does not change after loading; shared by callers and the worker.
+struct Shared {
     tokenizer: Tokenizer,
     specials: SpecialTokens,
     template: ChatTemplate,
@@ -47,11 +57,67 @@ pub struct LocalLlm {
     vocab_size: usize,
     context_length: usize,
     model_id: String,
-    pool: Option<rayon::ThreadPool>,
+    /// Most generations advanced by one forward pass so far.
+    peak_batch: AtomicUsize,
+}
+
+impl Shared {
+    fn detokenize(&self, tokens: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(tokens, true)
+            .map_err(|e| Error::Model(format!("detokenization failed: {e}")))
+    }
+
+    fn model_err(&self, e: candle_core::Error) -> Error {
+        Error::Model(format!("{} inference failed: {e}", self.model_id))
+    }
+}
+
+/// A generation request, prepared on the caller's thread.
+struct Request {
+    prompt: Vec<u32>,
+    opts: GenerateOptions,
+    sampler: LogitsProcessor,
+    constraint: Option<ActiveConstraint>,
+    started: Instant,
+    reply: mpsc::SyncSender<Result<Completion>>,
+}
+
+/// Raw speed of `batch` sequences: prefill of one prompt, then `decode` greedy steps of all.
+struct SpeedProbe {
+    prompt: Vec<u32>,
+    decode: usize,
+    batch: usize,
+    reply: mpsc::SyncSender<Result<(Duration, Duration)>>,
+}
+
+enum Job {
+    Generate(Box<Request>),
+    ClearCache(mpsc::SyncSender<()>),
+    MeasureSpeed(SpeedProbe),
+}
+
+/// A GGUF chat model running locally (see the module docs).
+pub struct LocalLlm {
+    shared: Arc<Shared>,
+    jobs: Option<mpsc::Sender<Job>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    architecture: String,
+    max_batch: usize,
+}
+
+impl Drop for LocalLlm {
+    fn drop(&mut self) {
+        drop(self.jobs.take()); // the worker ends when its queue closes
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
 }
 
 impl LocalLlm {
-    /// Loads a GGUF file: weights, tokenizer and chat template all come from the file.
+    /// Loads a GGUF file: weights, tokenizer and chat template all come from the file. Starts
+    /// the worker thread that owns the model.
     pub fn load(path: &Path, options: LocalOptions) -> Result<Self> {
         let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         let content = gguf_file::Content::read(&mut file).map_err(|e| {
@@ -95,11 +161,12 @@ impl LocalLlm {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "local".into())
         });
-        Ok(LocalLlm {
-            state: Mutex::new(State {
-                decoder,
-                cached_tokens: Vec::new(),
-            }),
+        let max_batch = match options.max_batch {
+            0 => DEFAULT_MAX_BATCH,
+            n => n,
+        };
+        let architecture = decoder.config().arch.clone();
+        let shared = Arc::new(Shared {
             tokenizer,
             specials,
             template,
@@ -107,89 +174,119 @@ impl LocalLlm {
             vocab_size,
             context_length,
             model_id,
-            pool,
+            peak_batch: AtomicUsize::new(0),
+        });
+        let (jobs, queue) = mpsc::channel();
+        let mut worker = Worker {
+            slots: (0..max_batch)
+                .map(|_| Slot {
+                    kv: decoder.new_state(),
+                    tokens: Vec::new(),
+                    busy: false,
+                    last_used: 0,
+                })
+                .collect(),
+            decoder,
+            shared: shared.clone(),
+            active: Vec::new(),
+            clock: 0,
+        };
+        let worker = std::thread::Builder::new()
+            .name(format!("llm-{}", shared.model_id))
+            .spawn(move || match pool {
+                Some(pool) => pool.install(|| worker.run(queue)),
+                None => worker.run(queue),
+            })
+            .map_err(|e| Error::Model(format!("cannot start the model worker: {e}")))?;
+        Ok(LocalLlm {
+            shared,
+            jobs: Some(jobs),
+            worker: Some(worker),
+            architecture,
+            max_batch,
         })
     }
 
     /// The tokenizer built from the GGUF metadata.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        &self.shared.tokenizer
     }
 
-    /// Forgets the cached prefix (the next call prefills its whole prompt).
+    /// Most generations decoded together.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// The most generations one forward pass has advanced together since loading.
+    pub fn peak_batch(&self) -> usize {
+        self.shared.peak_batch.load(Ordering::Relaxed)
+    }
+
+    fn submit<T>(&self, job: Job, answer: mpsc::Receiver<T>) -> Result<T> {
+        let stopped = || Error::Model(format!("{} worker stopped", self.shared.model_id));
+        self.jobs
+            .as_ref()
+            .ok_or_else(stopped)?
+            .send(job)
+            .map_err(|_| stopped())?;
+        answer.recv().map_err(|_| stopped())
+    }
+
+    /// Forgets the cached prefixes of idle slots (the next call prefills its whole prompt).
     pub fn clear_cache(&self) -> Result<()> {
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Model("model state poisoned by an earlier panic".into()))?;
-        state
-            .decoder
-            .truncate_cache(0)
-            .map_err(|e| Error::Model(e.to_string()))?;
-        state.cached_tokens.clear();
-        Ok(())
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.submit(Job::ClearCache(reply), answer)
     }
 
     /// Measures raw speed: prefill of `prompt` from an empty cache, then `decode` greedy tokens
-    /// (end-of-sequence ignored). Returns `(prefill, decode)` wall times. Leaves the cache empty.
-    pub fn measure_speed(
+    /// (end-of-sequence ignored). Returns `(prefill, decode)` wall times.
+    pub fn measure_speed(&self, prompt: &[u32], decode: usize) -> Result<(Duration, Duration)> {
+        self.measure_batched_speed(prompt, decode, 1)
+    }
+
+    /// Like [`LocalLlm::measure_speed`] with `batch` sequences decoded together (each prefilled
+    /// with `prompt` into a fresh cache; the prefill time returned is the first sequence's):
+    /// the decode time is for `decode` steps of all `batch` sequences.
+    pub fn measure_batched_speed(
         &self,
         prompt: &[u32],
         decode: usize,
-    ) -> Result<(std::time::Duration, std::time::Duration)> {
-        let run = || -> Result<(std::time::Duration, std::time::Duration)> {
-            let model_err = |e: candle_core::Error| Error::Model(e.to_string());
-            self.clear_cache()?;
-            let mut state = self
-                .state
-                .lock()
-                .map_err(|_| Error::Model("model state poisoned".into()))?;
-            let started = Instant::now();
-            let mut logits = None;
-            for chunk in prompt.chunks(PREFILL_CHUNK) {
-                logits = Some(state.decoder.forward(chunk).map_err(model_err)?);
-            }
-            let prefill = started.elapsed();
-            let mut logits = logits.ok_or_else(|| Error::InvalidInput("empty prompt".into()))?;
-            let started = Instant::now();
-            for _ in 0..decode {
-                let token = logits
-                    .argmax(0)
-                    .and_then(|t| t.to_scalar::<u32>())
-                    .map_err(model_err)?;
-                logits = state.decoder.forward(&[token]).map_err(model_err)?;
-            }
-            let decode_time = started.elapsed();
-            state.decoder.truncate_cache(0).map_err(model_err)?;
-            Ok((prefill, decode_time))
-        };
-        match &self.pool {
-            Some(pool) => pool.install(run),
-            None => run(),
+        batch: usize,
+    ) -> Result<(Duration, Duration)> {
+        if prompt.is_empty() || batch == 0 {
+            return Err(Error::InvalidInput(
+                "a speed probe needs a prompt and at least one sequence".into(),
+            ));
         }
+        let (reply, answer) = mpsc::sync_channel(1);
+        let probe = SpeedProbe {
+            prompt: prompt.to_vec(),
+            decode,
+            batch,
+            reply,
+        };
+        self.submit(Job::MeasureSpeed(probe), answer)?
     }
 
     /// The GGUF architecture (`llama`, `qwen2`).
     pub fn architecture(&self) -> String {
-        self.state
-            .lock()
-            .map(|s| s.decoder.config().arch.clone())
-            .unwrap_or_default()
+        self.architecture.clone()
     }
 
     pub fn special_tokens(&self) -> &SpecialTokens {
-        &self.specials
+        &self.shared.specials
     }
 
     /// The rendered chat prompt and its token ids (BOS added when the model asks for it).
     pub fn prompt_tokens(&self, messages: &[ChatMessage]) -> Result<(String, Vec<u32>)> {
-        let prompt = self.template.render(messages)?;
-        let enc = self
+        let shared = &self.shared;
+        let prompt = shared.template.render(messages)?;
+        let enc = shared
             .tokenizer
             .encode(prompt.as_str(), false)
             .map_err(|e| Error::Model(format!("tokenization failed: {e}")))?;
         let mut ids = enc.get_ids().to_vec();
-        if let Some(bos) = self.specials.bos.filter(|_| self.specials.add_bos)
+        if let Some(bos) = shared.specials.bos.filter(|_| shared.specials.add_bos)
             && ids.first() != Some(&bos)
         {
             ids.insert(0, bos);
@@ -197,39 +294,40 @@ impl LocalLlm {
         Ok((prompt, ids))
     }
 
-    fn detokenize(&self, tokens: &[u32]) -> Result<String> {
-        self.tokenizer
-            .decode(tokens, true)
-            .map_err(|e| Error::Model(format!("detokenization failed: {e}")))
-    }
-
     fn constraints(&self) -> Result<&SchemaConstraints> {
-        self.constraints
+        let shared = &self.shared;
+        shared
+            .constraints
             .get_or_init(|| {
-                SchemaConstraints::new(&self.tokenizer, &self.specials.stop, self.vocab_size)
+                SchemaConstraints::new(&shared.tokenizer, &shared.specials.stop, shared.vocab_size)
                     .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| Error::Model(format!("cannot set up constrained decoding: {e}")))
     }
 
+    /// Prepares a request (tokens, grammar, sampler) on the caller's thread and waits for the
+    /// worker to generate it.
     fn generate(&self, messages: &[ChatMessage], opts: &GenerateOptions) -> Result<Completion> {
         let started = Instant::now();
         let (_, prompt) = self.prompt_tokens(messages)?;
-        if prompt.len() + opts.max_tokens as usize > self.context_length {
+        if prompt.len() + opts.max_tokens as usize > self.shared.context_length {
             return Err(Error::InvalidInput(format!(
                 "prompt of {} tokens plus max_tokens {} exceeds the context of {} tokens of {}",
                 prompt.len(),
                 opts.max_tokens,
-                self.context_length,
-                self.model_id
+                self.shared.context_length,
+                self.shared.model_id
             )));
         }
-        let mut constraint = match &opts.json_schema {
+        if prompt.is_empty() {
+            return Err(Error::InvalidInput("the prompt has no tokens".into()));
+        }
+        let constraint = match &opts.json_schema {
             Some(schema) => Some(self.constraints()?.start(schema)?),
             None => None,
         };
-        let mut sampler = LogitsProcessor::from_sampling(
+        let sampler = LogitsProcessor::from_sampling(
             opts.seed,
             if opts.temperature <= 0.0 {
                 Sampling::ArgMax
@@ -244,115 +342,354 @@ impl LocalLlm {
                 }
             },
         );
-        let model_err = |e: candle_core::Error| {
-            Error::Model(format!("{} inference failed: {e}", self.model_id))
+        let (reply, answer) = mpsc::sync_channel(1);
+        let request = Request {
+            prompt,
+            opts: opts.clone(),
+            sampler,
+            constraint,
+            started,
+            reply,
         };
+        self.submit(Job::Generate(Box::new(request)), answer)?
+    }
+}
 
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Model("model state poisoned by an earlier panic".into()))?;
-        let state = &mut *state;
+/// One KV cache and exactly the tokens whose keys/values it holds, in order.
+struct Slot {
+    kv: KvState,
+    tokens: Vec<u32>,
+    busy: bool,
+    /// Worker clock at the last use (the least recently used idle slot is reused first).
+    last_used: u64,
+}
+
+/// A generation in progress.
+struct Active {
+    slot: usize,
+    request: Box<Request>,
+    /// Logits for the next token.
+    logits: Tensor,
+    generated: Vec<u32>,
+    text: String,
+    reused: usize,
+}
+
+/// What one step decided for a generation.
+enum Next {
+    Continue(u32),
+    Finished(FinishReason),
+}
+
+/// The thread that owns the model (see the module docs).
+struct Worker {
+    decoder: Decoder,
+    slots: Vec<Slot>,
+    shared: Arc<Shared>,
+    active: Vec<Active>,
+    clock: u64,
+}
+
+impl Worker {
+    fn run(&mut self, queue: mpsc::Receiver<Job>) {
+        loop {
+            if self.active.is_empty() {
+                match queue.recv() {
+                    Ok(job) => self.accept(job),
+                    Err(_) => return,
+                }
+            }
+            // Admit whatever else is waiting, up to the free slots.
+            while self.active.len() < self.slots.len() {
+                match queue.try_recv() {
+                    Ok(job) => self.accept(job),
+                    Err(_) => break,
+                }
+            }
+            if !self.active.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn accept(&mut self, job: Job) {
+        match job {
+            Job::Generate(request) => self.start(request),
+            Job::ClearCache(reply) => {
+                for slot in self.slots.iter_mut().filter(|s| !s.busy) {
+                    slot.kv.truncate(0);
+                    slot.tokens.clear();
+                }
+                let _ = reply.send(());
+            }
+            Job::MeasureSpeed(probe) => {
+                let result = self.measure(&probe);
+                let _ = probe.reply.send(result);
+            }
+        }
+    }
+
+    /// Prefills a new request into the idle slot sharing the longest prefix with its prompt
+    /// (least recently used among equals) and makes it active.
+    fn start(&mut self, request: Box<Request>) {
+        let prompt = &request.prompt;
+        let common = |slot: &Slot| {
+            slot.tokens
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let Some(index) = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].busy)
+            .max_by_key(|&i| {
+                (
+                    common(&self.slots[i]),
+                    std::cmp::Reverse(self.slots[i].last_used),
+                )
+            })
+        else {
+            let _ = request
+                .reply
+                .send(Err(Error::Model("no free cache slot".into())));
+            return;
+        };
+        self.clock += 1;
+        let slot = &mut self.slots[index];
+        slot.last_used = self.clock;
         // Reuse the cached prefix; at least one prompt token must run to produce logits.
-        let common = state
-            .cached_tokens
-            .iter()
-            .zip(&prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let reuse = common.min(prompt.len() - 1);
-        state.decoder.truncate_cache(reuse).map_err(model_err)?;
-        state.cached_tokens.truncate(reuse);
+        let reused = common(slot).min(prompt.len() - 1);
+        slot.kv.truncate(reused);
+        slot.tokens.truncate(reused);
         let mut logits: Option<Tensor> = None;
-        for chunk in prompt[reuse..].chunks(PREFILL_CHUNK) {
-            match state.decoder.forward(chunk) {
+        for chunk in prompt[reused..].chunks(PREFILL_CHUNK) {
+            match self.decoder.forward(&mut slot.kv, chunk) {
                 Ok(l) => logits = Some(l),
                 Err(e) => {
-                    state.decoder.truncate_cache(0).map_err(model_err)?;
-                    state.cached_tokens.clear();
-                    return Err(model_err(e));
+                    slot.kv.truncate(0);
+                    slot.tokens.clear();
+                    let _ = request.reply.send(Err(self.shared.model_err(e)));
+                    return;
                 }
             }
-            state.cached_tokens.extend_from_slice(chunk);
+            slot.tokens.extend_from_slice(chunk);
         }
-        let mut logits = logits.expect("the prompt has at least one uncached token");
-
-        let mut generated: Vec<u32> = Vec::new();
-        let mut finish = FinishReason::Length;
-        let mut text = String::new();
-        for _ in 0..opts.max_tokens {
-            if opts.repeat_penalty != 1.0 && !generated.is_empty() {
-                let recent = &generated[generated.len().saturating_sub(opts.repeat_last_n)..];
-                logits = candle_transformers::utils::apply_repeat_penalty(
-                    &logits,
-                    opts.repeat_penalty,
-                    recent,
-                )
-                .map_err(model_err)?;
-            }
-            let masked;
-            let scores = match constraint.as_mut() {
-                Some(c) => {
-                    masked = c.mask_logits(&logits)?;
-                    &masked
-                }
-                None => &logits,
-            };
-            let token = sampler.sample(scores).map_err(model_err)?;
-            let is_stop_token = self.specials.stop.contains(&token);
-            if is_stop_token && constraint.as_mut().is_none_or(|c| c.is_accepting()) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            if let Some(c) = constraint.as_mut() {
-                c.commit(token)?;
-            }
-            generated.push(token);
-            // Detokenizing every step is only needed to look for stop strings.
-            if !opts.stop.is_empty() {
-                text = self.detokenize(&generated)?;
-                if let Some(cut) = opts.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-                    text.truncate(cut);
-                    finish = FinishReason::Stop;
-                    break;
-                }
-            }
-            if constraint.as_ref().is_some_and(|c| c.is_stopped()) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            logits = state.decoder.forward(&[token]).map_err(model_err)?;
-            state.cached_tokens.push(token);
+        let logits = logits.expect("the prompt has at least one uncached token");
+        slot.busy = true;
+        let active = Active {
+            slot: index,
+            request,
+            logits,
+            generated: Vec::new(),
+            text: String::new(),
+            reused,
+        };
+        if active.request.opts.max_tokens == 0 {
+            self.finish(active, Ok(FinishReason::Length));
+        } else {
+            self.active.push(active);
         }
-        if opts.stop.is_empty() {
-            text = self.detokenize(&generated)?;
-        }
-        Ok(Completion {
-            text,
-            finish_reason: finish,
-            prompt_tokens: prompt.len() as u64,
-            completion_tokens: generated.len() as u64,
-            cached_prompt_tokens: reuse as u64,
-            latency_ms: started.elapsed().as_millis() as u64,
-            usage_estimated: false,
-            model: self.model_id.clone(),
-        })
     }
+
+    /// Advances every active generation by one token: each picks its next token from its logits,
+    /// the finished ones are answered, and the rest run one forward pass together.
+    fn step(&mut self) {
+        let mut continuing: Vec<(Active, u32)> = Vec::new();
+        for mut a in std::mem::take(&mut self.active) {
+            match self.next_token(&mut a) {
+                Ok(Next::Continue(token)) => continuing.push((a, token)),
+                Ok(Next::Finished(reason)) => self.finish(a, Ok(reason)),
+                Err(e) => self.finish(a, Err(e)),
+            }
+        }
+        if continuing.is_empty() {
+            return;
+        }
+        self.shared
+            .peak_batch
+            .fetch_max(continuing.len(), Ordering::Relaxed);
+        let forwarded = if let [(a, token)] = continuing.as_slice() {
+            // One generation: the unbatched path, identical to sequential decoding.
+            let kv = &mut self.slots[a.slot].kv;
+            self.decoder.forward(kv, &[*token]).map(|l| vec![l])
+        } else {
+            let mut by_slot: Vec<(usize, u32)> =
+                continuing.iter().map(|(a, t)| (a.slot, *t)).collect();
+            by_slot.sort_unstable();
+            let mut states: Vec<&mut KvState> = Vec::with_capacity(by_slot.len());
+            let mut wanted = by_slot.iter().map(|(s, _)| *s).peekable();
+            for (i, slot) in self.slots.iter_mut().enumerate() {
+                if wanted.peek() == Some(&i) {
+                    wanted.next();
+                    states.push(&mut slot.kv);
+                }
+            }
+            let tokens: Vec<u32> = by_slot.iter().map(|(_, t)| *t).collect();
+            self.decoder
+                .forward_batch(&mut states, &tokens)
+                .map(|logits| {
+                    // Back to the order of `continuing`.
+                    continuing
+                        .iter()
+                        .map(|(a, _)| {
+                            let row = by_slot.iter().position(|(s, _)| *s == a.slot);
+                            logits[row.expect("every continuing slot is in the batch")].clone()
+                        })
+                        .collect()
+                })
+        };
+        match forwarded {
+            Ok(logits) => {
+                for ((mut a, token), l) in continuing.into_iter().zip(logits) {
+                    self.slots[a.slot].tokens.push(token);
+                    a.logits = l;
+                    self.active.push(a);
+                }
+            }
+            Err(e) => {
+                let message = self.shared.model_err(e).to_string();
+                for (a, _) in continuing {
+                    let slot = &mut self.slots[a.slot];
+                    slot.kv.truncate(0);
+                    slot.tokens.clear();
+                    self.finish(a, Err(Error::Model(message.clone())));
+                }
+            }
+        }
+    }
+
+    /// Samples the next token of `a` (repeat penalty, grammar mask, stop rules).
+    fn next_token(&self, a: &mut Active) -> Result<Next> {
+        let shared = &self.shared;
+        let opts = &a.request.opts;
+        let model_err = |e| shared.model_err(e);
+        let mut logits = a.logits.clone();
+        if opts.repeat_penalty != 1.0 && !a.generated.is_empty() {
+            let recent = &a.generated[a.generated.len().saturating_sub(opts.repeat_last_n)..];
+            logits = candle_transformers::utils::apply_repeat_penalty(
+                &logits,
+                opts.repeat_penalty,
+                recent,
+            )
+            .map_err(model_err)?;
+        }
+        if let Some(c) = a.request.constraint.as_mut() {
+            logits = c.mask_logits(&logits)?;
+        }
+        let token = a.request.sampler.sample(&logits).map_err(model_err)?;
+        let is_stop_token = shared.specials.stop.contains(&token);
+        if is_stop_token
+            && a.request
+                .constraint
+                .as_mut()
+                .is_none_or(|c| c.is_accepting())
+        {
+            return Ok(Next::Finished(FinishReason::Stop));
+        }
+        if let Some(c) = a.request.constraint.as_mut() {
+            c.commit(token)?;
+        }
+        a.generated.push(token);
+        // Detokenizing every step is only needed to look for stop strings.
+        if !opts.stop.is_empty() {
+            a.text = shared.detokenize(&a.generated)?;
+            if let Some(cut) = opts
+                .stop
+                .iter()
+                .filter_map(|s| a.text.find(s.as_str()))
+                .min()
+            {
+                a.text.truncate(cut);
+                return Ok(Next::Finished(FinishReason::Stop));
+            }
+        }
+        if a.request
+            .constraint
+            .as_ref()
+            .is_some_and(|c| c.is_stopped())
+        {
+            return Ok(Next::Finished(FinishReason::Stop));
+        }
+        if a.generated.len() >= opts.max_tokens as usize {
+            return Ok(Next::Finished(FinishReason::Length));
+        }
+        Ok(Next::Continue(token))
+    }
+
+    /// Answers the caller and frees the slot (its tokens stay cached for prefix reuse).
+    fn finish(&mut self, mut a: Active, outcome: Result<FinishReason>) {
+        self.slots[a.slot].busy = false;
+        let result = outcome.and_then(|finish_reason| {
+            if a.request.opts.stop.is_empty() {
+                a.text = self.shared.detokenize(&a.generated)?;
+            }
+            Ok(Completion {
+                text: std::mem::take(&mut a.text),
+                finish_reason,
+                prompt_tokens: a.request.prompt.len() as u64,
+                completion_tokens: a.generated.len() as u64,
+                cached_prompt_tokens: a.reused as u64,
+                latency_ms: a.request.started.elapsed().as_millis() as u64,
+                usage_estimated: false,
+                model: self.shared.model_id.clone(),
+            })
+        });
+        let _ = a.request.reply.send(result);
+    }
+
+    /// See [`LocalLlm::measure_batched_speed`]; uses fresh caches, not the slots.
+    fn measure(&self, probe: &SpeedProbe) -> Result<(Duration, Duration)> {
+        let model_err = |e| self.shared.model_err(e);
+        let mut states: Vec<KvState> = (0..probe.batch).map(|_| self.decoder.new_state()).collect();
+        let mut prefill = Duration::ZERO;
+        let mut tokens = Vec::with_capacity(probe.batch);
+        for (i, state) in states.iter_mut().enumerate() {
+            let started = Instant::now();
+            let mut logits = None;
+            for chunk in probe.prompt.chunks(PREFILL_CHUNK) {
+                logits = Some(self.decoder.forward(state, chunk).map_err(model_err)?);
+            }
+            if i == 0 {
+                prefill = started.elapsed();
+            }
+            tokens.push(argmax(&logits.expect("non-empty prompt")).map_err(model_err)?);
+        }
+        let started = Instant::now();
+        for _ in 0..probe.decode {
+            let logits = if probe.batch == 1 {
+                vec![
+                    self.decoder
+                        .forward(&mut states[0], &tokens)
+                        .map_err(model_err)?,
+                ]
+            } else {
+                let mut refs: Vec<&mut KvState> = states.iter_mut().collect();
+                self.decoder
+                    .forward_batch(&mut refs, &tokens)
+                    .map_err(model_err)?
+            };
+            for (t, l) in tokens.iter_mut().zip(&logits) {
+                *t = argmax(l).map_err(model_err)?;
+            }
+        }
+        Ok((prefill, started.elapsed()))
+    }
+}
+
+fn argmax(logits: &Tensor) -> candle_core::Result<u32> {
+    logits.argmax(0)?.to_scalar::<u32>()
 }
 
 impl Llm for LocalLlm {
     fn complete(&self, messages: &[ChatMessage], options: &GenerateOptions) -> Result<Completion> {
-        match &self.pool {
-            Some(pool) => pool.install(|| self.generate(messages, options)),
-            None => self.generate(messages, options),
-        }
+        self.generate(messages, options)
     }
 
     fn model_id(&self) -> &str {
-        &self.model_id
+        &self.shared.model_id
     }
 
     fn context_length(&self) -> Option<usize> {
-        Some(self.context_length)
+        Some(self.shared.context_length)
     }
 }

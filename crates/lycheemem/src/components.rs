@@ -93,6 +93,7 @@ impl Components {
                 &store,
                 LocalOptions {
                     threads: m.threads,
+                    max_batch: m.llm_batch,
                     ..LocalOptions::default()
                 },
             )
