@@ -51,6 +51,9 @@ pub struct ModelArgs {
     /// Inference threads (0 = all cores).
     #[arg(long, env = "LYCHEEMEM_THREADS")]
     pub threads: Option<usize>,
+    /// Local LLMs: most concurrent calls decoded together (0 = default 8, 1 = one at a time).
+    #[arg(long, env = "LYCHEEMEM_LLM_BATCH")]
+    pub llm_batch: Option<usize>,
 }
 
 impl MemoryArgs {
@@ -96,6 +99,9 @@ impl ModelArgs {
         }
         if let Some(e) = &self.embedder {
             cfg.models.embedder = e.clone();
+        }
+        if let Some(b) = self.llm_batch {
+            cfg.models.llm_batch = b;
         }
         if let Some(t) = self.threads {
             cfg.models.threads = t;

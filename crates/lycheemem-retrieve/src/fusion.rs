@@ -49,7 +49,11 @@ pub fn fuse(routes: &[(String, Vec<Scored>)], k: usize, cfg: &RetrievalConfig) -
     let mut order: Vec<CandidateTarget> = Vec::new();
     for (route_id, list) in routes {
         let mut ranked: Vec<&Scored> = list.iter().collect();
-        ranked.sort_by(|a, b| b.route_score.total_cmp(&a.route_score));
+        ranked.sort_by(|a, b| {
+            b.route_score
+                .total_cmp(&a.route_score)
+                .then(a.target.cmp(&b.target))
+        });
         for (rank, c) in ranked.into_iter().enumerate() {
             let contribution = if rank < depth {
                 1.0 / (cfg.rrf_kappa as f32 + (rank + 1) as f32)
@@ -92,7 +96,11 @@ pub fn fuse(routes: &[(String, Vec<Scored>)], k: usize, cfg: &RetrievalConfig) -
             f
         })
         .collect();
-    out.sort_by(|a, b| b.final_score.total_cmp(&a.final_score));
+    out.sort_by(|a, b| {
+        b.final_score
+            .total_cmp(&a.final_score)
+            .then(a.candidate.target.cmp(&b.candidate.target))
+    });
     out
 }
 

@@ -62,8 +62,9 @@ pub fn variants(question: &str, route: &Route, max: usize) -> Vec<String> {
     out
 }
 
+/// A route's candidates by target (ordered, so everything downstream sees them in one order).
 struct Pool {
-    items: HashMap<CandidateTarget, Scored>,
+    items: BTreeMap<CandidateTarget, Scored>,
 }
 
 impl Pool {
@@ -169,7 +170,7 @@ pub fn run_route_timed(
     let turn_n = (k.max(cfg.turn_recall_floor) as f64 * profile.m_turn).ceil() as usize;
     let temporal_n = (cfg.temporal_factor * k).max(cfg.temporal_floor);
     let mut pool = Pool {
-        items: HashMap::new(),
+        items: BTreeMap::new(),
     };
     let rid = route.route_id.as_str();
     let filter = &route.temporal_filter;
@@ -332,7 +333,7 @@ pub fn run_route_timed(
                             .map(|v| (r_of(cosine(v, query)), id.clone()))
                     })
                     .collect();
-                s.sort_by(|a, b| b.0.total_cmp(&a.0));
+                s.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
                 s.truncate(rec_n);
                 s
             } else {
@@ -553,7 +554,7 @@ fn add_windows(
         .iter()
         .filter(|c| !c.is_raw() && !c.info.turns.is_empty())
         .collect();
-    anchors.sort_by(|a, b| b.field.total_cmp(&a.field));
+    anchors.sort_by(|a, b| b.field.total_cmp(&a.field).then(a.target.cmp(&b.target)));
     anchors.truncate(cfg.window_anchors);
     // Intervals per session, then merged.
     let mut spans: BTreeMap<String, Vec<(u32, u32, Vec<usize>)>> = BTreeMap::new();
@@ -652,7 +653,7 @@ fn rerank(
     candidates: &mut [Scored],
 ) -> Result<()> {
     let n = ctx.cfg.rerank_floor.max(ctx.cfg.rerank_factor * ctx.k);
-    candidates.sort_by(|a, b| b.field.total_cmp(&a.field));
+    candidates.sort_by(|a, b| b.field.total_cmp(&a.field).then(a.target.cmp(&b.target)));
     let len = n.min(candidates.len());
     let top = &mut candidates[..len];
     if top.is_empty() {
