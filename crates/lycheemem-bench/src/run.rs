@@ -54,6 +54,10 @@ pub struct RunSpec {
     /// it (up to the float rounding of batched kernels); wall times do.
     #[serde(default)]
     pub jobs: usize,
+    /// Variants restricted to some items (e.g. `eager` → `["conv-26"]`: eager costs one encoder
+    /// call per turn); variants not listed run on every selected item.
+    #[serde(default)]
+    pub variant_items: BTreeMap<String, Vec<String>>,
 }
 
 /// The dataset cut to each item's first `n` sessions, keeping the questions whose gold
@@ -380,7 +384,15 @@ pub fn run(
     for (i, j) in &selected {
         by_item.entry(*i).or_default().push(*j);
     }
+    let allowed = |v: &Variant, item: &Item| {
+        spec.variant_items
+            .get(&v.name)
+            .is_none_or(|items| items.contains(&item.id))
+    };
     let pending = |v: &Variant, item: &Item, qs: &[usize], done: &HashSet<(String, String)>| {
+        if !allowed(v, item) {
+            return Vec::new();
+        }
         qs.iter()
             .filter(|&&j| !done.contains(&(v.name.clone(), item.questions[j].id.clone())))
             .copied()
@@ -419,7 +431,7 @@ pub fn run(
             for (hash, group) in &groups {
                 let needed = group.iter().any(|v| {
                     !pending(v, item, qs, &done).is_empty()
-                        || !built.contains(&(v.name.clone(), item.id.clone()))
+                        || (allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone())))
                 });
                 if needed && !construct::is_built(&spec.cache, dataset.kind, item, hash) {
                     tasks.push((i, hash.as_str(), &group[0].config));
@@ -461,7 +473,7 @@ pub fn run(
                 .any(|v| !pending(v, item, qs, &done).is_empty());
             let need_report = group
                 .iter()
-                .any(|v| !built.contains(&(v.name.clone(), item.id.clone())));
+                .any(|v| allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone())));
             if !need_questions && !need_report {
                 continue;
             }
@@ -482,7 +494,7 @@ pub fn run(
                 report.records,
                 report.tokens()
             ));
-            for v in group {
+            for v in group.iter().filter(|v| allowed(v, item)) {
                 if built.insert((v.name.clone(), item.id.clone())) {
                     append_line(
                         &spec.out.join("construction.jsonl"),

@@ -80,6 +80,7 @@ fn a_run_caches_checkpoints_scores_and_reports() {
         full_context_reserve: 1024,
         max_sessions: None,
         jobs: 1,
+        variant_items: Default::default(),
     };
     let b = backends(llm.clone(), judge.clone());
     let mut lines = Vec::new();
@@ -257,6 +258,7 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
             full_context_reserve: 1024,
             max_sessions: None,
             jobs,
+            variant_items: [("no_planner".to_string(), vec!["conv-y".to_string()])].into(),
         };
         let mut lines = Vec::new();
         run::run(
@@ -301,7 +303,16 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
     };
     let (seq_preds, seq_builds, seq_plans, seq_calls, _) = run_with(1, "seq", "seq-cache");
     let (par_preds, par_builds, par_plans, par_calls, lines) = run_with(4, "par", "par-cache");
-    assert_eq!(seq_preds.len(), 12, "2 items x 2 questions x 3 variants");
+    assert_eq!(
+        seq_preds.len(),
+        10,
+        "2 items x 2 questions x 2 variants, + no_planner on conv-y only"
+    );
+    assert!(
+        !seq_preds
+            .iter()
+            .any(|p| p.0 == "no_planner" && p.1.starts_with("conv-x"))
+    );
     assert_eq!(par_builds, seq_builds);
     assert_eq!((par_plans, par_calls), (seq_plans, seq_calls));
     // Same evidence in the same order (retrieval breaks every score tie by target).

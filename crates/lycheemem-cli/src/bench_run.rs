@@ -55,6 +55,10 @@ pub struct BenchRunArgs {
     /// a time; wall times are not comparable across different values.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Restricts a variant to some items: `VARIANT=ITEM[+ITEM…]`, e.g. `eager=conv-26` (the
+    /// other variants still run on every selected item). Repeatable.
+    #[arg(long)]
+    variant_items: Vec<String>,
     /// Judge LLM (default: the answer LLM).
     #[arg(long, env = "LYCHEEMEM_JUDGE_LLM")]
     judge_llm: Option<String>,
@@ -66,6 +70,21 @@ pub struct BenchRunArgs {
 pub struct BenchReportArgs {
     /// A results folder written by `lycheemem bench run`.
     out: PathBuf,
+}
+
+fn parse_variant_items(specs: &[String]) -> Result<BTreeMap<String, Vec<String>>> {
+    let mut out = BTreeMap::new();
+    for spec in specs {
+        let (variant, items) = spec
+            .split_once('=')
+            .filter(|(v, items)| !v.is_empty() && !items.is_empty())
+            .with_context(|| format!("--variant-items {spec:?}: expected VARIANT=ITEM[+ITEM…]"))?;
+        out.insert(
+            variant.to_string(),
+            items.split('+').map(str::to_string).collect(),
+        );
+    }
+    Ok(out)
 }
 
 fn default_cache() -> PathBuf {
@@ -121,6 +140,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         full_context_reserve: 1024,
         max_sessions: args.sessions,
         jobs: args.jobs,
+        variant_items: parse_variant_items(&args.variant_items)?,
     };
     let mut models = BTreeMap::new();
     models.insert("embedder".to_string(), base.models.embedder.clone());
