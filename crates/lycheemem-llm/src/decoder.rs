@@ -287,6 +287,32 @@ impl Decoder {
         &self.cfg
     }
 
+    /// Makes `dst` hold the first `len` cached positions of `src` (a copy of their keys and
+    /// values: far cheaper than prefilling them again). On error `dst` is left empty.
+    pub fn copy_prefix(&self, dst: &mut KvState, src: &KvState, len: usize) -> Result<()> {
+        dst.truncate(0);
+        let len = len.min(src.len);
+        if len == 0 {
+            return Ok(());
+        }
+        for (to, from) in dst.layers.iter_mut().zip(&src.layers) {
+            let (Some(keys), Some(values)) = (&from.keys, &from.values) else {
+                candle_core::bail!("cache without buffers holds {len} positions");
+            };
+            let copied = to.append(
+                &keys.narrow(2, 0, len)?,
+                &values.narrow(2, 0, len)?,
+                self.cfg.context_length,
+            );
+            if let Err(e) = copied {
+                dst.truncate(0);
+                return Err(e);
+            }
+        }
+        dst.len = len;
+        Ok(())
+    }
+
     /// An empty cache for one sequence.
     pub fn new_state(&self) -> KvState {
         KvState {

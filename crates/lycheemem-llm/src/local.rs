@@ -429,8 +429,11 @@ impl Worker {
         }
     }
 
-    /// Prefills a new request into the idle slot sharing the longest prefix with its prompt
-    /// (least recently used among equals) and makes it active.
+    /// Prefills a new request and makes it active. It reuses the idle slot sharing the longest
+    /// prefix with its prompt (least recently used among equals) when that loses nothing (the
+    /// slot holds only that prefix). Otherwise it takes an empty slot, else the least recently
+    /// used idle one, and copies the shared prefix there, so one unrelated call does not
+    /// overwrite a long cached prefix (a whole history) that later calls will want again.
     fn start(&mut self, request: Box<Request>) {
         let prompt = &request.prompt;
         let common = |slot: &Slot| {
@@ -440,15 +443,35 @@ impl Worker {
                 .take_while(|(a, b)| a == b)
                 .count()
         };
-        let Some(index) = (0..self.slots.len())
+        let idle: Vec<usize> = (0..self.slots.len())
             .filter(|&i| !self.slots[i].busy)
-            .max_by_key(|&i| {
-                (
-                    common(&self.slots[i]),
-                    std::cmp::Reverse(self.slots[i].last_used),
-                )
-            })
-        else {
+            .collect();
+        let best = idle.iter().copied().max_by_key(|&i| {
+            (
+                common(&self.slots[i]),
+                std::cmp::Reverse(self.slots[i].last_used),
+            )
+        });
+        let index = best.map(|best| {
+            let shared = common(&self.slots[best]);
+            if shared == self.slots[best].tokens.len() {
+                return best;
+            }
+            let spare = idle
+                .iter()
+                .copied()
+                .filter(|&i| i != best)
+                .min_by_key(|&i| (!self.slots[i].tokens.is_empty(), self.slots[i].last_used));
+            let Some(spare) = spare else { return best };
+            let (src, dst) = two_slots(&mut self.slots, best, spare);
+            dst.tokens.clear();
+            match self.decoder.copy_prefix(&mut dst.kv, &src.kv, shared) {
+                Ok(()) => dst.tokens.extend_from_slice(&src.tokens[..shared]),
+                Err(_) => dst.kv.truncate(0), // prefilled from scratch below
+            }
+            spare
+        });
+        let Some(index) = index else {
             let _ = request
                 .reply
                 .send(Err(Error::Model("no free cache slot".into())));
@@ -673,6 +696,17 @@ impl Worker {
             }
         }
         Ok((prefill, started.elapsed()))
+    }
+}
+
+/// `(&slots[a], &mut slots[b])` for `a != b`.
+fn two_slots(slots: &mut [Slot], a: usize, b: usize) -> (&Slot, &mut Slot) {
+    if a < b {
+        let (left, right) = slots.split_at_mut(b);
+        (&left[a], &mut right[0])
+    } else {
+        let (left, right) = slots.split_at_mut(a);
+        (&right[0], &mut left[b])
     }
 }
 

@@ -252,3 +252,34 @@ fn concurrent_calls_are_batched_and_match_sequential_results() {
     );
     assert_eq!(concurrent, sequential);
 }
+
+/// An unrelated call does not evict a long cached prefix: with two slots, a history prompt, then
+/// a different prompt, then the history prompt again reuses the whole history.
+#[test]
+fn an_unrelated_call_keeps_a_long_cached_prefix() {
+    let llm = LocalLlm::load(
+        &gguf(),
+        LocalOptions {
+            max_batch: 2,
+            ..LocalOptions::default()
+        },
+    )
+    .unwrap();
+    let history = vec![
+        ChatMessage::system("You are a careful archivist of these dialogues."),
+        ChatMessage::user(format!("{}\nWho adopted a cat?", DIALOGUES.join("\n"))),
+    ];
+    let unrelated = vec![
+        ChatMessage::system("Reply in French."),
+        ChatMessage::user("Bonjour"),
+    ];
+    let opts = GenerateOptions {
+        max_tokens: 4,
+        ..Default::default()
+    };
+    let first = llm.complete(&history, &opts).unwrap();
+    assert_eq!(first.cached_prompt_tokens, 0);
+    llm.complete(&unrelated, &opts).unwrap();
+    let again = llm.complete(&history, &opts).unwrap();
+    assert_eq!(again.cached_prompt_tokens, again.prompt_tokens - 1);
+}
