@@ -204,14 +204,12 @@ pub struct KvState {
 
 impl KvState {
     /// Drops cached positions beyond `len` (keeps the first `len`; buffers stay allocated).
+    /// Every layer is clamped, also one left longer by an interrupted write.
     pub fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
-        }
         for cache in &mut self.layers {
             cache.len = cache.len.min(len);
         }
-        self.len = len;
+        self.len = self.len.min(len);
     }
 }
 

@@ -429,12 +429,13 @@ impl Worker {
         }
     }
 
-    /// Prefills a new request and makes it active. It reuses the idle slot sharing the longest
-    /// prefix with its prompt (least recently used among equals) when that loses nothing (the
-    /// slot holds only that prefix). Otherwise it takes an empty slot, else the least recently
-    /// used idle one, and copies the shared prefix there, so one unrelated call does not
-    /// overwrite a long cached prefix (a whole history) that later calls will want again.
-    fn start(&mut self, request: Box<Request>) {
+    /// Prefills a new request and makes it active. It takes the idle slot sharing the longest
+    /// prefix with its prompt (least recently used among equals) and cuts it after that prefix,
+    /// unless that would drop more cached positions than it keeps: then the shared prefix is
+    /// copied into an empty (else the least recently used) other slot, so an unrelated call does
+    /// not overwrite a long cached prefix (a whole history) that later calls will want again.
+    fn start(&mut self, mut request: Box<Request>) {
+        request.started = Instant::now(); // latency counts from here, not from the queue
         let prompt = &request.prompt;
         let common = |slot: &Slot| {
             slot.tokens
@@ -446,30 +447,36 @@ impl Worker {
         let idle: Vec<usize> = (0..self.slots.len())
             .filter(|&i| !self.slots[i].busy)
             .collect();
+        let spare_among = |slots: &[Slot], exclude: Option<usize>| {
+            idle.iter()
+                .copied()
+                .filter(|&i| Some(i) != exclude)
+                .min_by_key(|&i| (!slots[i].tokens.is_empty(), slots[i].last_used))
+        };
         let best = idle.iter().copied().max_by_key(|&i| {
             (
                 common(&self.slots[i]),
                 std::cmp::Reverse(self.slots[i].last_used),
             )
         });
-        let index = best.map(|best| {
+        let index = best.and_then(|best| {
             let shared = common(&self.slots[best]);
-            if shared == self.slots[best].tokens.len() {
-                return best;
+            if shared == 0 {
+                return spare_among(&self.slots, None);
             }
-            let spare = idle
-                .iter()
-                .copied()
-                .filter(|&i| i != best)
-                .min_by_key(|&i| (!self.slots[i].tokens.is_empty(), self.slots[i].last_used));
-            let Some(spare) = spare else { return best };
+            if self.slots[best].tokens.len() - shared <= shared {
+                return Some(best);
+            }
+            let Some(spare) = spare_among(&self.slots, Some(best)) else {
+                return Some(best);
+            };
             let (src, dst) = two_slots(&mut self.slots, best, spare);
             dst.tokens.clear();
             match self.decoder.copy_prefix(&mut dst.kv, &src.kv, shared) {
                 Ok(()) => dst.tokens.extend_from_slice(&src.tokens[..shared]),
                 Err(_) => dst.kv.truncate(0), // prefilled from scratch below
             }
-            spare
+            Some(spare)
         });
         let Some(index) = index else {
             let _ = request
