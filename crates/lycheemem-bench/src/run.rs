@@ -51,7 +51,8 @@ pub struct RunSpec {
     pub max_sessions: Option<usize>,
     /// Questions (and item constructions) worked on at the same time; a local LLM decodes their
     /// calls together (continuous batching). 0 or 1 = one at a time. Results do not depend on
-    /// it (up to the float rounding of batched kernels); wall times do.
+    /// it, except that LLM outputs can differ in float rounding (cache reuse and batched
+    /// kernels), which greedy decoding occasionally turns into a different token; wall times do.
     #[serde(default)]
     pub jobs: usize,
     /// Variants restricted to some items (e.g. `eager` → `["conv-26"]`: eager costs one encoder
@@ -353,6 +354,18 @@ pub fn run(
         .iter()
         .map(|v| Variant::new(v, base))
         .collect::<Result<_>>()?;
+    for (variant, items) in &spec.variant_items {
+        if !spec.variants.contains(variant) {
+            anyhow::bail!("variant_items names {variant:?}, which is not among the run's variants");
+        }
+        for id in items {
+            if !dataset.items.iter().any(|i| i.id == *id) {
+                anyhow::bail!(
+                    "variant_items: {variant} on {id:?}, which is not an item of the dataset"
+                );
+            }
+        }
+    }
     std::fs::create_dir_all(spec.out.join("predictions"))
         .with_context(|| format!("creating {}", spec.out.display()))?;
     std::fs::create_dir_all(&spec.cache)

@@ -301,6 +301,32 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
         let plans = std::fs::read_to_string(spec.cache.join("plans.jsonl")).unwrap();
         (preds, builds, plans.lines().count(), llm.calls(), lines)
     };
+    // A restriction naming an unknown item is an error, not a silent no-op.
+    let mut typo = RunSpec {
+        dataset: path.clone(),
+        variants: vec!["no_planner".into()],
+        out: dir.path().join("typo"),
+        cache: dir.path().join("typo-cache"),
+        items: vec![],
+        categories: vec![],
+        limit: None,
+        seed: 7,
+        retrieval_only: true,
+        top_k: 15,
+        naive_chunk_turns: 2,
+        full_context_reserve: 1024,
+        max_sessions: None,
+        jobs: 1,
+        variant_items: [("no_planner".to_string(), vec!["conv-z".to_string()])].into(),
+    };
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let b = backends(llm.clone(), llm.clone());
+    let err = run::run(&data, &typo, &Config::default(), &b, &mut |_| {}).unwrap_err();
+    assert!(err.to_string().contains("conv-z"), "{err}");
+    typo.variant_items = [("eager".to_string(), vec!["conv-x".to_string()])].into();
+    assert!(run::run(&data, &typo, &Config::default(), &b, &mut |_| {}).is_err());
+    assert_eq!(llm.calls(), 0);
+
     let (seq_preds, seq_builds, seq_plans, seq_calls, _) = run_with(1, "seq", "seq-cache");
     let (par_preds, par_builds, par_plans, par_calls, lines) = run_with(4, "par", "par-cache");
     assert_eq!(

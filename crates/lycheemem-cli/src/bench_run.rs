@@ -79,10 +79,11 @@ fn parse_variant_items(specs: &[String]) -> Result<BTreeMap<String, Vec<String>>
             .split_once('=')
             .filter(|(v, items)| !v.is_empty() && !items.is_empty())
             .with_context(|| format!("--variant-items {spec:?}: expected VARIANT=ITEM[+ITEM…]"))?;
-        out.insert(
-            variant.to_string(),
-            items.split('+').map(str::to_string).collect(),
-        );
+        let items: Vec<String> = items.split('+').map(str::to_string).collect();
+        if items.iter().any(String::is_empty) {
+            anyhow::bail!("--variant-items {spec:?}: an empty item id");
+        }
+        out.insert(variant.to_string(), items);
     }
     Ok(out)
 }

@@ -8,8 +8,13 @@
 //! (reusing the slot whose cached tokens share the longest prefix with its prompt), then every
 //! active generation advances one token per step in one batched pass over the weights
 //! ([`Decoder::forward_batch`]). Decoding a token is bound by reading the weights, so several
-//! generations decode in little more time than one. A single caller sees exactly the
-//! sequential behaviour (a step with one active generation runs the unbatched forward).
+//! generations decode in little more time than one. A step with one active generation runs the
+//! unbatched forward, so a lone caller decodes as before. Outputs depend on the cache state in
+//! float rounding only (how much of a prompt is reused decides which tokens are prefilled, and
+//! chunks of 64+ tokens take the dense kernel path).
+//!
+//! Each call's `latency_ms` counts from when the worker starts it (queueing excluded; decoding
+//! alongside other calls included).
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
