@@ -45,20 +45,51 @@ fn backends(llm: Arc<ScriptedLlm>, judge: Arc<ScriptedLlm>) -> Backends {
     }
 }
 
-#[test]
-fn a_run_caches_checkpoints_scores_and_reports() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset::load(&locomo_file(dir.path())).unwrap();
-    assert_eq!(data.items[0].questions.len(), 3);
-    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
-    let judge = Arc::new(ScriptedLlm::responding(|m| {
+/// A judge double: CORRECT exactly when the gold answer is "Miso".
+fn miso_judge() -> Arc<ScriptedLlm> {
+    Arc::new(ScriptedLlm::responding(|m| {
         let user = m.last().map_or("", |m| m.content.as_str());
         if user.contains("Gold answer: Miso") {
             r#"{"verdict": "CORRECT"}"#.into()
         } else {
             r#"{"verdict": "WRONG"}"#.into()
         }
-    }));
+    }))
+}
+
+/// A run of `variants` with the harness defaults (k 15, 2-turn chunks, seed 7, one job).
+fn spec_for(
+    dataset: &std::path::Path,
+    out: &std::path::Path,
+    cache: &std::path::Path,
+    variants: &[&str],
+) -> RunSpec {
+    RunSpec {
+        dataset: dataset.to_path_buf(),
+        variants: variants.iter().map(|v| v.to_string()).collect(),
+        out: out.to_path_buf(),
+        cache: cache.to_path_buf(),
+        items: vec![],
+        categories: vec![],
+        limit: None,
+        seed: 7,
+        retrieval_only: false,
+        top_k: 15,
+        naive_chunk_turns: 2,
+        full_context_reserve: 1024,
+        max_sessions: None,
+        jobs: 1,
+        variant_items: Default::default(),
+    }
+}
+
+#[test]
+fn a_run_caches_checkpoints_scores_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    assert_eq!(data.items[0].questions.len(), 3);
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let judge = miso_judge();
     let spec = RunSpec {
         dataset: dir.path().join("locomo_tiny.json"),
         variants: vec![
@@ -235,30 +266,16 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
     let data = dataset::load(&path).unwrap();
     let run_with = |jobs: usize, out: &str, cache: &str| {
         let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
-        let judge = Arc::new(ScriptedLlm::responding(|m| {
-            let user = m.last().map_or("", |m| m.content.as_str());
-            if user.contains("Gold answer: Miso") {
-                r#"{"verdict": "CORRECT"}"#.into()
-            } else {
-                r#"{"verdict": "WRONG"}"#.into()
-            }
-        }));
+        let judge = miso_judge();
         let spec = RunSpec {
-            dataset: path.clone(),
-            variants: vec!["full".into(), "no_planner".into(), "naive_rag".into()],
-            out: dir.path().join(out),
-            cache: dir.path().join(cache),
-            items: vec![],
-            categories: vec![],
-            limit: None,
-            seed: 7,
-            retrieval_only: false,
-            top_k: 15,
-            naive_chunk_turns: 2,
-            full_context_reserve: 1024,
-            max_sessions: None,
             jobs,
             variant_items: [("no_planner".to_string(), vec!["conv-y".to_string()])].into(),
+            ..spec_for(
+                &path,
+                &dir.path().join(out),
+                &dir.path().join(cache),
+                &["full", "no_planner", "naive_rag"],
+            )
         };
         let mut lines = Vec::new();
         run::run(
@@ -303,21 +320,14 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
     };
     // A restriction naming an unknown item is an error, not a silent no-op.
     let mut typo = RunSpec {
-        dataset: path.clone(),
-        variants: vec!["no_planner".into()],
-        out: dir.path().join("typo"),
-        cache: dir.path().join("typo-cache"),
-        items: vec![],
-        categories: vec![],
-        limit: None,
-        seed: 7,
         retrieval_only: true,
-        top_k: 15,
-        naive_chunk_turns: 2,
-        full_context_reserve: 1024,
-        max_sessions: None,
-        jobs: 1,
         variant_items: [("no_planner".to_string(), vec!["conv-z".to_string()])].into(),
+        ..spec_for(
+            &path,
+            &dir.path().join("typo"),
+            &dir.path().join("typo-cache"),
+            &["no_planner"],
+        )
     };
     let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
     let b = backends(llm.clone(), llm.clone());
