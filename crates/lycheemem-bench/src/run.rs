@@ -594,12 +594,7 @@ pub fn run(
                     Ok(p)
                 };
                 for_each_parallel(spec.jobs, &todo, evaluate, progress, |p, progress| {
-                    append_line(&file, &p)?;
-                    if let Some(line) = clock.tick() {
-                        progress(format!("[{}] {} {line}", v.name, p.question_id));
-                    }
-                    done.insert((p.variant, p.question_id));
-                    Ok(())
+                    checkpoint(&file, p, &mut clock, &mut done, progress)
                 })?;
             }
         }
@@ -657,12 +652,7 @@ pub fn run(
                 spec.jobs
             };
             for_each_parallel(jobs, &todo, evaluate, progress, |p, progress| {
-                append_line(&file, &p)?;
-                if let Some(line) = clock.tick() {
-                    progress(format!("[{}] {} {line}", v.name, p.question_id));
-                }
-                done.insert((p.variant, p.question_id));
-                Ok(())
+                checkpoint(&file, p, &mut clock, &mut done, progress)
             })?;
             if v.kind == VariantKind::NaiveRag && built.insert((v.name.clone(), item.id.clone())) {
                 append_line(
@@ -681,6 +671,22 @@ pub fn run(
             }
         }
     }
+    Ok(())
+}
+
+/// Appends a prediction to its variant's checkpoint file, counts it, reports progress.
+fn checkpoint(
+    file: &Path,
+    p: Prediction,
+    clock: &mut Clock,
+    done: &mut HashSet<(String, String)>,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    append_line(file, &p)?;
+    if let Some(line) = clock.tick() {
+        progress(format!("[{}] {} {line}", p.variant, p.question_id));
+    }
+    done.insert((p.variant, p.question_id));
     Ok(())
 }
 

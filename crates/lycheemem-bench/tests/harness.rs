@@ -90,29 +90,18 @@ fn a_run_caches_checkpoints_scores_and_reports() {
     assert_eq!(data.items[0].questions.len(), 3);
     let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
     let judge = miso_judge();
-    let spec = RunSpec {
-        dataset: dir.path().join("locomo_tiny.json"),
-        variants: vec![
-            "full".into(),
-            "no_planner".into(),
-            "record_vector_only".into(),
-            "naive_rag".into(),
-            "full_context".into(),
+    let spec = spec_for(
+        &dir.path().join("locomo_tiny.json"),
+        &dir.path().join("results"),
+        &dir.path().join("cache"),
+        &[
+            "full",
+            "no_planner",
+            "record_vector_only",
+            "naive_rag",
+            "full_context",
         ],
-        out: dir.path().join("results"),
-        cache: dir.path().join("cache"),
-        items: vec![],
-        categories: vec![],
-        limit: None,
-        seed: 7,
-        retrieval_only: false,
-        top_k: 15,
-        naive_chunk_turns: 2,
-        full_context_reserve: 1024,
-        max_sessions: None,
-        jobs: 1,
-        variant_items: Default::default(),
-    };
+    );
     let b = backends(llm.clone(), judge.clone());
     let mut lines = Vec::new();
     run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();

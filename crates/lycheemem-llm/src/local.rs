@@ -84,7 +84,6 @@ struct Request {
     opts: GenerateOptions,
     sampler: LogitsProcessor,
     constraint: Option<ActiveConstraint>,
-    started: Instant,
     reply: mpsc::SyncSender<Result<Completion>>,
 }
 
@@ -314,7 +313,6 @@ impl LocalLlm {
     /// Prepares a request (tokens, grammar, sampler) on the caller's thread and waits for the
     /// worker to generate it.
     fn generate(&self, messages: &[ChatMessage], opts: &GenerateOptions) -> Result<Completion> {
-        let started = Instant::now();
         let (_, prompt) = self.prompt_tokens(messages)?;
         if prompt.len() + opts.max_tokens as usize > self.shared.context_length {
             return Err(Error::InvalidInput(format!(
@@ -353,7 +351,6 @@ impl LocalLlm {
             opts: opts.clone(),
             sampler,
             constraint,
-            started,
             reply,
         };
         self.submit(Job::Generate(Box::new(request)), answer)?
@@ -378,6 +375,8 @@ struct Active {
     generated: Vec<u32>,
     text: String,
     reused: usize,
+    /// When the worker took the request.
+    started: Instant,
 }
 
 /// What one step decided for a generation.
@@ -439,8 +438,8 @@ impl Worker {
     /// unless that would drop more cached positions than it keeps: then the shared prefix is
     /// copied into an empty (else the least recently used) other slot, so an unrelated call does
     /// not overwrite a long cached prefix (a whole history) that later calls will want again.
-    fn start(&mut self, mut request: Box<Request>) {
-        request.started = Instant::now(); // latency counts from here, not from the queue
+    fn start(&mut self, request: Box<Request>) {
+        let started = Instant::now(); // latency counts from here, not from the queue
         let prompt = &request.prompt;
         let common = |slot: &Slot| {
             slot.tokens
@@ -518,6 +517,7 @@ impl Worker {
             generated: Vec::new(),
             text: String::new(),
             reused,
+            started,
         };
         if active.request.opts.max_tokens == 0 {
             self.finish(active, Ok(FinishReason::Length));
@@ -664,7 +664,7 @@ impl Worker {
                 prompt_tokens: a.request.prompt.len() as u64,
                 completion_tokens: a.generated.len() as u64,
                 cached_prompt_tokens: a.reused as u64,
-                latency_ms: a.request.started.elapsed().as_millis() as u64,
+                latency_ms: a.started.elapsed().as_millis() as u64,
                 usage_estimated: false,
                 model: self.shared.model_id.clone(),
             })

@@ -22,6 +22,18 @@ fn gguf() -> std::path::PathBuf {
         .join("model.gguf")
 }
 
+/// A fresh model decoding up to `max_batch` calls together.
+fn batching_model(max_batch: usize) -> LocalLlm {
+    LocalLlm::load(
+        &gguf(),
+        LocalOptions {
+            max_batch,
+            ..LocalOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 fn model() -> &'static LocalLlm {
     static MODEL: OnceLock<LocalLlm> = OnceLock::new();
     MODEL.get_or_init(|| LocalLlm::load(&gguf(), LocalOptions::default()).unwrap())
@@ -210,28 +222,14 @@ fn concurrent_calls_are_batched_and_match_sequential_results() {
             )
         })
         .collect();
-    let alone = LocalLlm::load(
-        &gguf(),
-        LocalOptions {
-            max_batch: 1,
-            ..LocalOptions::default()
-        },
-    )
-    .unwrap();
+    let alone = batching_model(1);
     let sequential: Vec<String> = requests
         .iter()
         .map(|(m, o)| alone.complete(m, o).unwrap().text)
         .collect();
     assert_eq!(alone.peak_batch(), 1);
 
-    let batched = LocalLlm::load(
-        &gguf(),
-        LocalOptions {
-            max_batch: 4,
-            ..LocalOptions::default()
-        },
-    )
-    .unwrap();
+    let batched = batching_model(4);
     let start = std::sync::Barrier::new(requests.len());
     let concurrent: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = requests
@@ -257,14 +255,7 @@ fn concurrent_calls_are_batched_and_match_sequential_results() {
 /// a different prompt, then the history prompt again reuses the whole history.
 #[test]
 fn an_unrelated_call_keeps_a_long_cached_prefix() {
-    let llm = LocalLlm::load(
-        &gguf(),
-        LocalOptions {
-            max_batch: 2,
-            ..LocalOptions::default()
-        },
-    )
-    .unwrap();
+    let llm = batching_model(2);
     let history = vec![
         ChatMessage::system("You are a careful archivist of these dialogues."),
         ChatMessage::user(format!("{}\nWho adopted a cat?", DIALOGUES.join("\n"))),
