@@ -252,21 +252,21 @@ impl<'t> Writer<'t> {
         vector: Option<&[f32]>,
     ) -> Result<()> {
         let rkey = keys::ns_str(ns, &record.record_id);
-        let key = match self.record(ns, &record.record_id)? {
+        // SPEC §2: identical text → same id → one record with unioned provenance. The first
+        // statement stays the record (its session, segment, date, type and fields); a restatement
+        // in the same session adds the turns it cites. A record cites one session, so a
+        // restatement in another session adds no citation (its raw turns stay searchable).
+        let (key, record) = match self.record(ns, &record.record_id)? {
             Some(old) => {
-                if old.record.source_session != record.source_session {
-                    let link = keys::pair(
-                        ns,
-                        old.record.source_session.as_str(),
-                        &old.record.record_id,
-                    );
-                    self.session_records
-                        .remove(link.as_slice())
-                        .map_err(db_err)?;
+                let mut merged = old.record;
+                if merged.source_session == record.source_session {
+                    merged.evidence_turns.extend(record.evidence_turns);
+                    merged.evidence_turns.sort_unstable();
+                    merged.evidence_turns.dedup();
                 }
-                old.key
+                (old.key, merged)
             }
-            None => self.alloc_key(),
+            None => (self.alloc_key(), record),
         };
         let link = keys::pair(ns, record.source_session.as_str(), &record.record_id);
         self.session_records
@@ -440,12 +440,15 @@ impl<'t> Writer<'t> {
         }
         self.log_item(ns, Target::Record, id, row.key)?;
         receipt.records += 1;
-        if let Some(first) = segment_first_turn(&row.record.segment_id) {
-            let skey = keys::session_index(ns, &row.record.source_session, first);
-            if let Some(mut seg) = get_json::<SegmentRow>(&self.segments, &skey, "segment")? {
+        // Every segment of the session that stated the record (a restatement unions into the
+        // first one) stops listing it.
+        let seg_prefix = keys::session(ns, &row.record.source_session);
+        for (k, v) in scan_prefix(&self.segments, &seg_prefix)? {
+            let mut seg: SegmentRow = from_json(&v, "segment")?;
+            if seg.record_ids.iter().any(|r| r == id) {
                 seg.record_ids.retain(|r| r != id);
                 self.segments
-                    .insert(skey.as_slice(), to_json(&seg)?.as_slice())
+                    .insert(k.as_slice(), to_json(&seg)?.as_slice())
                     .map_err(db_err)?;
             }
         }
@@ -647,12 +650,6 @@ fn item_target(item: &ItemRef) -> Target {
             .find(|k| id.starts_with(&format!("{}:", k.as_str())))
             .map_or(Target::Node(NodeKind::Entity), Target::Node),
     }
-}
-
-/// The first turn of a segment id `<session>#<first>-<last>`.
-fn segment_first_turn(segment_id: &str) -> Option<u32> {
-    let (_, range) = segment_id.rsplit_once('#')?;
-    range.split_once('-')?.0.parse().ok()
 }
 
 /// The namespace part of a table key (everything before the first 0 byte).

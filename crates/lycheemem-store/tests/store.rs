@@ -735,3 +735,66 @@ fn scoring_vectors_match_the_stored_vectors_by_cosine() {
     }
     assert!(scoring[2].is_none());
 }
+
+#[test]
+fn a_restated_record_keeps_its_first_statement_and_unions_the_cited_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("a");
+    add_turns(&store, &a, "s", 8, 0);
+    add_turns(&store, &a, "t", 4, 50);
+    store
+        .commit_segment(
+            &a,
+            segment_write(&a, "s", 0, 3, &["Alice owns a red bicycle"], 10),
+        )
+        .unwrap();
+    // A later segment of the same session states the same text (a small encoder copying its
+    // reference context does this) and cites its own turn.
+    store
+        .commit_segment(
+            &a,
+            segment_write(
+                &a,
+                "s",
+                4,
+                7,
+                &["Alice owns a red bicycle", "Alice likes tea"],
+                20,
+            ),
+        )
+        .unwrap();
+    // Another session states it too.
+    store
+        .commit_segment(
+            &a,
+            segment_write(&a, "t", 0, 3, &["Alice owns a red bicycle"], 30),
+        )
+        .unwrap();
+    let id = w_id(&a, "Alice owns a red bicycle");
+    let records = store.all_records(&a).unwrap();
+    assert_eq!(records.len(), 2, "identical text is one record");
+    let bike = records.iter().find(|r| r.record_id == id).unwrap();
+    assert_eq!(bike.source_session, sid("s"), "the first statement stays");
+    assert_eq!(bike.segment_id, "s#0-3");
+    assert_eq!(
+        bike.evidence_turns,
+        [0, 4],
+        "the same session's restatement adds its turn"
+    );
+
+    // Deleting it clears it from every segment of its session; deleting the other session
+    // leaves it alone.
+    store.delete_session(&a, &sid("t")).unwrap();
+    assert!(
+        store
+            .all_records(&a)
+            .unwrap()
+            .iter()
+            .any(|r| r.record_id == id)
+    );
+    store.delete_record(&a, &id).unwrap();
+    for seg in store.segments(&a, &sid("s")).unwrap() {
+        assert!(!seg.record_ids.contains(&id), "{:?}", seg.segment.id);
+    }
+}
