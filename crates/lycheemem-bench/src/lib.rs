@@ -11,11 +11,13 @@ pub mod baseline;
 pub mod construct;
 pub mod dataset;
 pub mod metrics;
+pub mod replay;
 pub mod report;
 pub mod run;
 pub mod variant;
 
 pub use dataset::{Dataset, DatasetKind, Item, Question, TurnAt};
+pub use replay::ReplayLlm;
 pub use report::{RunMeta, write_reports};
 pub use run::{Backends, Prediction, RunSpec};
 pub use variant::{VARIANTS, Variant, VariantKind};

@@ -433,7 +433,14 @@ pub fn run(
         done: 0,
         total,
     };
-    let comps = &backends.components;
+    // The encoder's calls are logged in the cache and replayed when a memory is rebuilt.
+    let replay = Arc::new(crate::replay::ReplayLlm::open(
+        backends.components.encode_llm.clone(),
+        &spec.cache.join("encode-calls.jsonl"),
+    )?);
+    let mut replaying = backends.components.clone();
+    replaying.encode_llm = replay.clone();
+    let comps = &replaying;
     let groups = construction_groups(&variants);
     // Memories not built yet are built first, several items at a time (their encoder calls are
     // decoded together by a local LLM).
@@ -670,6 +677,15 @@ pub fn run(
                 )?;
             }
         }
+    }
+    if replay.made() + replay.replayed() > 0 {
+        progress(format!(
+            "encoder calls: {} made, {} replayed from {} ({} logged)",
+            replay.made(),
+            replay.replayed(),
+            spec.cache.join("encode-calls.jsonl").display(),
+            replay.logged()
+        ));
     }
     Ok(())
 }

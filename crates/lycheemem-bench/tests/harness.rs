@@ -349,3 +349,66 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
         "{lines:#?}"
     );
 }
+
+#[test]
+fn a_rebuilt_memory_replays_the_logged_encoder_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let b = backends(llm.clone(), miso_judge());
+    let cache = dir.path().join("cache");
+    let mut spec = spec_for(
+        &dir.path().join("locomo_tiny.json"),
+        &dir.path().join("results"),
+        &cache,
+        &["full"],
+    );
+    spec.retrieval_only = true;
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    let first = run::constructions(&spec.out).unwrap()[0].report.clone();
+    assert!(first.encode_calls >= 1);
+    let log = std::fs::read_to_string(cache.join("encode-calls.jsonl")).unwrap();
+    assert_eq!(log.lines().count() as u64, first.encode_calls);
+    // Throw the memory away (as a fix after the LLM step would) and build it again.
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).unwrap();
+        } else if !path.to_string_lossy().ends_with(".jsonl") {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    let calls = llm.calls();
+    let mut lines = Vec::new();
+    let spec2 = RunSpec {
+        out: dir.path().join("results2"),
+        ..spec.clone()
+    };
+    run::run(&data, &spec2, &Config::default(), &b, &mut |l| {
+        lines.push(l)
+    })
+    .unwrap();
+    assert_eq!(llm.calls(), calls, "no call made twice: {lines:#?}");
+    let again = run::constructions(&spec2.out).unwrap()[0].report.clone();
+    assert_eq!(
+        (
+            again.encode_calls,
+            again.prompt_tokens,
+            again.completion_tokens,
+            again.records
+        ),
+        (
+            first.encode_calls,
+            first.prompt_tokens,
+            first.completion_tokens,
+            first.records
+        ),
+        "the same construction, at the same token cost"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("0 made, {} replayed", first.encode_calls))),
+        "{lines:#?}"
+    );
+}
