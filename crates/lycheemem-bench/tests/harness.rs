@@ -249,6 +249,11 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
         serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
     let mut second = data[0].clone();
     second["sample_id"] = "conv-y".into();
+    // Other dates, so no encoder call of conv-y repeats one of conv-x: a repeated call is
+    // replayed from the log when the other build finished first, which only a sequential run
+    // guarantees.
+    second["conversation"]["session_1_date_time"] = "1:56 pm on 8 May, 2024".into();
+    second["conversation"]["session_2_date_time"] = "2:00 pm on 20 May, 2024".into();
     data.as_array_mut().unwrap().push(second);
     let path = dir.path().join("locomo_two.json");
     std::fs::write(&path, data.to_string()).unwrap();
