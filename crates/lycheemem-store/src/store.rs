@@ -256,7 +256,7 @@ impl<'t> Writer<'t> {
         // statement stays the record (its session, segment, date, type and fields); a restatement
         // in the same session adds the turns it cites. A record cites one session, so a
         // restatement in another session adds no citation (its raw turns stay searchable).
-        let (key, record) = match self.record(ns, &record.record_id)? {
+        let (key, record, indexed) = match self.record(ns, &record.record_id)? {
             Some(old) => {
                 let mut merged = old.record;
                 if merged.source_session == record.source_session {
@@ -264,20 +264,29 @@ impl<'t> Writer<'t> {
                     merged.evidence_turns.sort_unstable();
                     merged.evidence_turns.dedup();
                 }
-                (old.key, merged)
+                // The indexed text and session are the first statement's, so the indexes
+                // already hold this record unless its vector is still pending.
+                let vkey = keys::vector(ns, Target::Record, old.key);
+                let has_vector = self.vectors.get(vkey.as_slice()).map_err(db_err)?.is_some();
+                (old.key, merged, has_vector)
             }
-            None => (self.alloc_key(), record),
+            None => (self.alloc_key(), record, false),
         };
         let link = keys::pair(ns, record.source_session.as_str(), &record.record_id);
         self.session_records
             .insert(link.as_slice(), ())
             .map_err(db_err)?;
         let id = record.record_id.clone();
-        self.set_vector(ns, Target::Record, key, &id, vector)?;
+        if !indexed {
+            self.set_vector(ns, Target::Record, key, &id, vector)?;
+        }
         let row = RecordRow { record, key };
         self.records
             .insert(rkey.as_slice(), to_json(&row)?.as_slice())
             .map_err(db_err)?;
+        if indexed {
+            return Ok(());
+        }
         self.log_item(ns, Target::Record, &id, key)
     }
 

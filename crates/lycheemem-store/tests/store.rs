@@ -741,7 +741,7 @@ fn a_restated_record_keeps_its_first_statement_and_unions_the_cited_turns() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let a = ns("a");
-    add_turns(&store, &a, "s", 8, 0);
+    add_turns(&store, &a, "s", 10, 0);
     add_turns(&store, &a, "t", 4, 50);
     store
         .commit_segment(
@@ -782,6 +782,40 @@ fn a_restated_record_keeps_its_first_statement_and_unions_the_cited_turns() {
         [0, 4],
         "the same session's restatement adds its turn"
     );
+    // The indexes keep the first statement: its vector, and one full-text entry.
+    let bike_ref = ItemRef::Record(id.clone());
+    assert_eq!(
+        store.vectors(&a, std::slice::from_ref(&bike_ref)).unwrap(),
+        [Some(vector(10))]
+    );
+    let hits = store
+        .text_search(&a, Target::Record, "red bicycle", 10, None)
+        .unwrap();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    // A record whose vector was still pending takes the restatement's.
+    let mut pending = segment_write(&a, "s", 8, 8, &["Alice rides at dawn"], 40);
+    pending.records[0].1 = None;
+    store.commit_segment(&a, pending).unwrap();
+    let dawn = ItemRef::Record(w_id(&a, "Alice rides at dawn"));
+    assert_eq!(
+        store.vectors(&a, std::slice::from_ref(&dawn)).unwrap(),
+        [None]
+    );
+    store
+        .commit_segment(
+            &a,
+            segment_write(&a, "s", 9, 9, &["Alice rides at dawn"], 50),
+        )
+        .unwrap();
+    assert_eq!(
+        store.vectors(&a, std::slice::from_ref(&dawn)).unwrap(),
+        [Some(vector(50))]
+    );
+    assert!(store.pending_vectors(&a, 10).unwrap().is_empty());
+    let hits = store
+        .vector_search(&a, &VectorQuery::new(Target::Record, vector(50), 1))
+        .unwrap();
+    assert_eq!(hits[0].item, dawn, "{hits:?}");
 
     // Deleting it clears it from every segment of its session; deleting the other session
     // leaves it alone.
