@@ -151,8 +151,8 @@ fn xlm_roberta_cross_encoder_matches_transformers() {
 
 #[test]
 fn missing_files_are_clear_errors() {
-    let tmp = std::env::temp_dir().join(format!("lycheemem-empty-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().to_path_buf();
     let err = lycheemem_embed::BertEmbedder::load(&tmp, EmbedderOptions::default())
         .err()
         .unwrap()

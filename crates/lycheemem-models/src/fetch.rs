@@ -519,6 +519,9 @@ mod tests {
         );
         // A stand-in for `python -m pip download --no-deps ... -d DIR PKG==VER`.
         let python = tmp.path().join("fake-python");
+        // Written while no test spawns: a child forked meanwhile would inherit the open file
+        // and make exec of the script fail with "Text file busy".
+        let _no_spawns = SPAWNS.write().unwrap_or_else(|p| p.into_inner());
         let script = format!(
             "#!/bin/sh\nfor last; do :; done\nwhile [ \"$1\" != \"-d\" ]; do shift; done\ndest=$2\nname=$(echo \"$last\" | sed 's/==.*//; s/-/_/g')\ncp {}/\"$name\"-*.whl \"$dest\"/ 2>/dev/null || {{ echo \"ERROR: No matching distribution found for $last\" >&2; exit 1; }}\n",
             wheels.display()
@@ -547,7 +550,11 @@ mod tests {
         }
     }
 
+    /// Held shared while a test may spawn a process, exclusively while one writes a script.
+    static SPAWNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
     fn fetch(fx: &Fixture) -> Result<Vec<FetchEvent>, ModelError> {
+        let _spawning = SPAWNS.read().unwrap_or_else(|p| p.into_inner());
         let mut events = Vec::new();
         fx.store.fetch(
             "tiny",

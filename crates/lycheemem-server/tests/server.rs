@@ -9,6 +9,7 @@ use lycheemem_server::keys::KeyStore;
 use lycheemem_server::{ServerConfig, serve_listener};
 use lycheemem_testkit::{HashEmbedder, ScriptedLlm, echo_encoder_reply};
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -17,6 +18,8 @@ use std::time::Duration;
 struct Gate {
     closed: Mutex<bool>,
     cv: Condvar,
+    /// Encoder calls held at the gate right now.
+    waiting: AtomicUsize,
 }
 
 impl Gate {
@@ -26,10 +29,24 @@ impl Gate {
     }
     fn wait(&self) {
         let mut closed = self.closed.lock().unwrap();
+        self.waiting.fetch_add(1, Ordering::SeqCst);
         while *closed {
             closed = self.cv.wait(closed).unwrap();
         }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Polls `done` every 20 ms for up to 30 s (events, not fixed sleeps, so a slow machine
+/// cannot reorder the test's steps).
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..1500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
 }
 
 fn memory(dir: &std::path::Path, gate: Arc<Gate>) -> Arc<Memory> {
@@ -388,10 +405,14 @@ async fn a_full_queue_refuses_turns_before_storing_them() {
             .json(&turns())
             .send()
     };
+    let ns = Namespace::new("alice").unwrap();
     assert_eq!(add("s1").await.unwrap().status(), 202);
     // Wait until the worker has processed s1, then hold the encoder and flush: the worker is
     // busy inside the LLM call with an empty queue.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the worker processed s1", || {
+        mem.unprocessed_sessions(&ns).unwrap().is_empty()
+    })
+    .await;
     gate.set(true);
     let flush = tokio::spawn({
         let c = c.clone();
@@ -405,11 +426,13 @@ async fn a_full_queue_refuses_turns_before_storing_them() {
                 .status()
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until("the flush is held inside the encoder", || {
+        gate.waiting.load(Ordering::SeqCst) == 1
+    })
+    .await;
     assert_eq!(add("s2").await.unwrap().status(), 202, "fills the one slot");
     let r = add("s3").await.unwrap();
     assert_eq!(code_of(r).await, (429, "queue_full".into()));
-    let ns = Namespace::new("alice").unwrap();
     assert!(
         mem.store()
             .session(&ns, &SessionId::new("s3").unwrap())

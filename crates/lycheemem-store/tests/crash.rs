@@ -206,10 +206,15 @@ fn verify(store: &Store, ns: &Namespace, acked: &Acknowledged, round: u64) {
             session: sid(session),
             index: *index,
         });
+        // The approximate index over thousands of turns: its own vector is expected among the
+        // first few, not necessarily first (HNSW recall is high, not total).
         let hits = store
-            .vector_search(ns, &VectorQuery::new(Target::Turn, vector_for(&text), 1))
+            .vector_search(ns, &VectorQuery::new(Target::Turn, vector_for(&text), 5))
             .unwrap();
-        assert_eq!(hits[0].item, expected, "round {round}: vector search");
+        assert!(
+            hits.iter().any(|h| h.item == expected),
+            "round {round}: vector search"
+        );
         let token = text.split(' ').next_back().unwrap();
         let hits = store.text_search(ns, Target::Turn, token, 1, None).unwrap();
         assert_eq!(
