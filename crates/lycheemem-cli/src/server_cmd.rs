@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Encoding jobs queued before new turns get 429.
     #[arg(long, default_value_t = 256)]
     queue: usize,
+    /// Sessions encoded at the same time (a local LLM decodes their calls together; set
+    /// `--llm-batch` at least as large).
+    #[arg(long, default_value_t = 4)]
+    encode_workers: usize,
     /// How long shutdown waits for queued encoding, seconds (the rest resumes at next start).
     #[arg(long, default_value_t = 600)]
     drain_secs: u64,
@@ -106,6 +110,7 @@ pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
             max_body_bytes: args.max_body_bytes,
             request_timeout: Duration::from_secs(args.timeout_secs),
             queue_capacity: args.queue,
+            encode_workers: args.encode_workers,
             drain_timeout: Duration::from_secs(args.drain_secs),
             limits: Limits::default(),
         },

@@ -17,4 +17,7 @@ pub mod segment_write;
 pub use encoder::{EncodeOutcome, SegmentEncoder, SegmentInput};
 pub use organize::{NodeUpsert, organize};
 pub use reference::ReferenceContext;
-pub use segment_write::{BuiltSegment, REFERENCE_STATE, build_segment_write};
+pub use segment_write::{
+    BuiltSegment, EncodedSegment, REFERENCE_STATE, build_segment_write, encode_segment,
+    organize_segment,
+};

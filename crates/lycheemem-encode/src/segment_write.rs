@@ -37,9 +37,19 @@ pub fn load_reference(
     }
 }
 
-/// Encodes `segment` (whose turns must already be stored) into a store write. An encoder
-/// failure is not an error: the write then records the failed segment and its usage, and ρ is
-/// left as it was. Errors are store or embedder failures.
+/// A segment after its encoder call, before its records are organized into nodes.
+#[derive(Debug, Clone)]
+pub struct EncodedSegment {
+    pub segment: Segment,
+    pub outcome: EncodeOutcome,
+    /// The session's ρ advanced by this segment (`None` without cross-segment context).
+    pub reference: Option<ReferenceContext>,
+}
+
+/// Encodes `segment` (whose turns must already be stored) into a store write: [`encode_segment`]
+/// then [`organize_segment`]. An encoder failure is not an error: the write then records the
+/// failed segment and its usage, and ρ is left as it was. Errors are store or embedder
+/// failures.
 pub fn build_segment_write(
     encoder: &SegmentEncoder,
     embedder: &dyn Embedder,
@@ -48,6 +58,19 @@ pub fn build_segment_write(
     ns: &Namespace,
     segment: &Segment,
 ) -> Result<BuiltSegment> {
+    let encoded = encode_segment(encoder, store, ns, segment)?;
+    organize_segment(encoded, embedder, organize_cfg, store, ns)
+}
+
+/// The encoder call of a segment: reads its stored turns, the session date and ρ (only state of
+/// the segment's own session), and makes the one LLM call. Segments of different sessions can
+/// be encoded concurrently; those of one session must go in order (ρ).
+pub fn encode_segment(
+    encoder: &SegmentEncoder,
+    store: &Store,
+    ns: &Namespace,
+    segment: &Segment,
+) -> Result<EncodedSegment> {
     let turns = store.turn_range(ns, &segment.session, segment.first_turn, segment.last_turn)?;
     let expected = (segment.last_turn - segment.first_turn + 1) as usize;
     if turns.len() != expected {
@@ -58,7 +81,8 @@ pub fn build_segment_write(
         )));
     }
     let session_date = store.session(ns, &segment.session)?.and_then(|s| s.date);
-    let mut reference = if encoder.config().cross_segment_context {
+    let keep_reference = encoder.config().cross_segment_context;
+    let mut reference = if keep_reference {
         load_reference(store, ns, segment)?
     } else {
         ReferenceContext::default()
@@ -70,6 +94,30 @@ pub fn build_segment_write(
         session_date: session_date.as_deref(),
     };
     let outcome = encoder.encode(&input, &mut reference);
+    Ok(EncodedSegment {
+        segment: segment.clone(),
+        outcome,
+        reference: keep_reference.then_some(reference),
+    })
+}
+
+/// Organizes an encoded segment's records into evidence nodes merged with the stored ones and
+/// embeds records and nodes in one batch. The merge reads stored nodes that other sessions
+/// also update, so the caller must not let another segment commit between this call and the
+/// commit of its write.
+pub fn organize_segment(
+    encoded: EncodedSegment,
+    embedder: &dyn Embedder,
+    organize_cfg: &OrganizeConfig,
+    store: &Store,
+    ns: &Namespace,
+) -> Result<BuiltSegment> {
+    let EncodedSegment {
+        segment,
+        outcome,
+        reference,
+    } = encoded;
+    let segment = &segment;
     if let Some(error) = &outcome.failure {
         let mut write = SegmentWrite::new(
             segment.clone(),
@@ -110,8 +158,8 @@ pub fn build_segment_write(
         .map(|r| (r.clone(), vectors.next()))
         .collect();
     write.nodes = nodes.into_iter().map(|n| (n, vectors.next())).collect();
-    if encoder.config().cross_segment_context {
-        let value = serde_json::to_value(&reference)
+    if let Some(reference) = &reference {
+        let value = serde_json::to_value(reference)
             .map_err(|e| Error::Store(format!("cannot serialize the reference context: {e}")))?;
         write
             .state

@@ -39,6 +39,9 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Jobs the encoding queue holds before new turns are refused with 429.
     pub queue_capacity: usize,
+    /// Encoding worker threads: sessions encoded at the same time (at least 1). A local LLM
+    /// decodes their calls together up to its batch size.
+    pub encode_workers: usize,
     /// How long shutdown waits for queued encoding before leaving it for the next start.
     pub drain_timeout: Duration,
     pub limits: Limits,
@@ -52,6 +55,7 @@ impl Default for ServerConfig {
             max_body_bytes: 4 << 20,
             request_timeout: Duration::from_secs(300),
             queue_capacity: 256,
+            encode_workers: 4,
             drain_timeout: Duration::from_secs(600),
             limits: Limits::default(),
         }
@@ -223,7 +227,7 @@ pub async fn serve_listener(
     }
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
-    let worker = worker::spawn(memory.clone(), metrics.clone(), rx);
+    let workers = worker::spawn(memory.clone(), metrics.clone(), rx, cfg.encode_workers);
     let requeued = requeue_unprocessed(&memory, &tx, &metrics).await?;
     if requeued > 0 {
         tracing::info!("re-queued {requeued} session(s) with unprocessed turns");
@@ -239,8 +243,12 @@ pub async fn serve_listener(
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving HTTP")?;
-    // The router (and with it every queue sender) is gone: the worker finishes the queue.
-    let drained = tokio::task::spawn_blocking(move || worker.join());
+    // The router (and with it every queue sender) is gone: the workers finish the queue.
+    let drained = tokio::task::spawn_blocking(move || {
+        for w in workers {
+            let _ = w.join();
+        }
+    });
     match tokio::time::timeout(cfg.drain_timeout, drained).await {
         Ok(_) => tracing::info!("encoding queue drained"),
         Err(_) => tracing::warn!(

@@ -393,6 +393,7 @@ async fn a_full_queue_refuses_turns_before_storing_them() {
         mem.clone(),
         ServerConfig {
             queue_capacity: 1,
+            encode_workers: 1,
             ..ServerConfig::default()
         },
     )

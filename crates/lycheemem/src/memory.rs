@@ -13,7 +13,7 @@ use lycheemem_core::{
     Config, Error, Namespace, Purpose, Result, Role, Segment, SessionId, TokenUsage, Turn,
     UsageTotals,
 };
-use lycheemem_encode::{SegmentEncoder, build_segment_write};
+use lycheemem_encode::{SegmentEncoder, encode_segment, organize_segment};
 use lycheemem_retrieve::{EvidenceItem, Retriever, SearchRequest, SearchResult};
 use lycheemem_segment::{
     ExchangeBuilder, ExchangeInput, ExchangeMode, PendingExchange, Segmenter, SegmenterState,
@@ -23,9 +23,9 @@ use lycheemem_store::{
     StoreOptions,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::components::Components;
 
@@ -186,12 +186,35 @@ pub struct Memory {
     components: Components,
     encoder: SegmentEncoder,
     segmenter: Segmenter,
-    /// Serializes turn appends (index allocation). Taken before `ingest` when both are held.
+    /// Serializes turn appends (index allocation). Locks are taken in the order of these
+    /// fields: `append`, `derived`, a session's lock, `commit`.
     append: Mutex<()>,
-    /// Serializes processing (per-session state is read, advanced and written back) and the
-    /// operations that rewrite derived data. Appends do not wait for it, so turns are
+    /// Shared by processing (any number of sessions at once), exclusive for the operations that
+    /// rewrite derived data (deletes, import, rederive). Appends do not wait for it, so turns are
     /// acknowledged while a segment is being encoded.
-    ingest: Mutex<()>,
+    derived: RwLock<()>,
+    /// Sessions being processed: a session's ingest state and ρ are read, advanced and written
+    /// back by one caller at a time, so its segments are encoded in order. Different sessions
+    /// encode concurrently (their LLM calls overlap: a local LLM decodes them together).
+    busy: Mutex<HashSet<(Namespace, SessionId)>>,
+    busy_freed: Condvar,
+    /// Serializes organizing a segment's records into the stored nodes and committing it: the
+    /// node merge is a read-modify-write of nodes that other sessions update too.
+    commit: Mutex<()>,
+}
+
+/// A session's processing lock: the session is in `Memory::busy` while this lives.
+struct SessionGuard<'a> {
+    memory: &'a Memory,
+    key: (Namespace, SessionId),
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        let mut busy = self.memory.busy.lock().unwrap_or_else(|p| p.into_inner());
+        busy.remove(&self.key);
+        self.memory.busy_freed.notify_all();
+    }
 }
 
 impl Memory {
@@ -221,7 +244,10 @@ impl Memory {
             encoder,
             segmenter,
             append: Mutex::new(()),
-            ingest: Mutex::new(()),
+            derived: RwLock::new(()),
+            busy: Mutex::new(HashSet::new()),
+            busy_freed: Condvar::new(),
+            commit: Mutex::new(()),
         })
     }
 
@@ -242,18 +268,35 @@ impl Memory {
         self.components.embedder.embed(&refs)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.ingest.lock().unwrap_or_else(|p| p.into_inner())
+    /// Shared access to derived data plus the session's processing lock.
+    fn lock_session(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+    ) -> (RwLockReadGuard<'_, ()>, SessionGuard<'_>) {
+        let derived = self.derived.read().unwrap_or_else(|p| p.into_inner());
+        let key = (ns.clone(), session.clone());
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        while busy.contains(&key) {
+            busy = self
+                .busy_freed
+                .wait(busy)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        busy.insert(key.clone());
+        let guard = SessionGuard { memory: self, key };
+        (derived, guard)
     }
 
     fn lock_append(&self) -> std::sync::MutexGuard<'_, ()> {
         self.append.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Both locks, for operations that rewrite a session's turns or derived data.
-    fn lock_all(&self) -> (std::sync::MutexGuard<'_, ()>, std::sync::MutexGuard<'_, ()>) {
+    /// Appends and processing excluded, for operations that rewrite turns or derived data.
+    fn lock_all(&self) -> (std::sync::MutexGuard<'_, ()>, RwLockWriteGuard<'_, ()>) {
         let append = self.lock_append();
-        (append, self.lock())
+        let derived = self.derived.write().unwrap_or_else(|p| p.into_inner());
+        (append, derived)
     }
 
     /// Stores turns of `session` (creating it, with `date`, if new; a given date updates it)
@@ -355,7 +398,7 @@ impl Memory {
 
     /// Segments (and encodes) the turns of a session stored but not yet processed.
     pub fn process(&self, ns: &Namespace, session: &SessionId) -> Result<IngestReceipt> {
-        let _guard = self.lock();
+        let _guards = self.lock_session(ns, session);
         self.advance(ns, session, false)
     }
 
@@ -377,7 +420,7 @@ impl Memory {
 
     /// Closes a session: the pending exchange and the active segment are finalized and encoded.
     pub fn flush(&self, ns: &Namespace, session: &SessionId) -> Result<IngestReceipt> {
-        let _guard = self.lock();
+        let _guards = self.lock_session(ns, session);
         if self.store.session(ns, session)?.is_none() {
             return Err(Error::NotFound(format!(
                 "session {session} in namespace {ns}"
@@ -516,19 +559,23 @@ impl Memory {
         segment: &Segment,
         state: &IngestState,
     ) -> Result<IngestReceipt> {
-        let built = build_segment_write(
-            &self.encoder,
+        // The LLM call runs outside the commit lock, so other sessions' segments are encoded
+        // meanwhile; the node merge and the commit are one step under it.
+        let encoded = encode_segment(&self.encoder, &self.store, ns, segment)?;
+        let state_value = Self::state_value(state)?;
+        let _commit = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        let built = organize_segment(
+            encoded,
             self.components.embedder.as_ref(),
             &self.config.organize,
             &self.store,
             ns,
-            segment,
         )?;
         let mut write = built.write;
         write.state.push((
             segment.session.clone(),
             INGEST_STATE.to_string(),
-            Self::state_value(state)?,
+            state_value,
         ));
         let records = write.records.len();
         self.store.commit_segment(ns, write)?;

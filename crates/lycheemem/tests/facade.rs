@@ -389,3 +389,85 @@ fn two_speaker_logs_embed_each_turn_once() {
     }
     assert_eq!(memory.construction(&ns).unwrap().exchanges, 3);
 }
+
+/// Sessions processed at the same time encode concurrently (the LLM sees both calls at once),
+/// and the evidence nodes they both update end up as if the sessions had gone one after the
+/// other.
+#[test]
+fn sessions_encode_concurrently_and_their_node_merges_lose_nothing() {
+    use std::sync::{Condvar, Mutex};
+    use std::time::{Duration, Instant};
+    let ns = Namespace::new("alice").unwrap();
+    // Sequential reference.
+    let seq_dir = tempfile::tempdir().unwrap();
+    let (comp, _) = components("-");
+    let seq = Memory::with_components(seq_dir.path(), Config::default(), comp).unwrap();
+    ingest(&seq, &ns, None);
+
+    // The first encoder call waits (up to 10 s) for a second one to start: with one call at a
+    // time the second never starts while the first waits, and the peak stays 1.
+    #[derive(Default)]
+    struct Calls {
+        state: Mutex<(usize, usize, usize)>, // (started, in flight, peak in flight)
+        cv: Condvar,
+    }
+    let calls = Arc::new(Calls::default());
+    let encoder = Arc::new(ScriptedLlm::responding({
+        let calls = calls.clone();
+        move |m| {
+            let mut s = calls.state.lock().unwrap();
+            s.0 += 1;
+            s.1 += 1;
+            s.2 = s.2.max(s.1);
+            calls.cv.notify_all();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while s.0 < 2 && Instant::now() < deadline {
+                s = calls
+                    .cv
+                    .wait_timeout(s, Duration::from_millis(50))
+                    .unwrap()
+                    .0;
+            }
+            s.1 -= 1;
+            drop(s);
+            lycheemem_testkit::echo_encoder_reply(m.last().map_or("", |m| m.content.as_str()))
+        }
+    }));
+    let (mut comp, _) = components("-");
+    comp.encode_llm = encoder;
+    let dir = tempfile::tempdir().unwrap();
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    std::thread::scope(|scope| {
+        for (sid, date, turns) in conversation() {
+            let (memory, ns) = (&memory, &ns);
+            scope.spawn(move || {
+                let session = SessionId::new(sid).unwrap();
+                memory.add_turns(ns, &session, Some(date), turns).unwrap();
+                memory.flush(ns, &session).unwrap();
+            });
+        }
+    });
+    assert_eq!(
+        calls.state.lock().unwrap().2,
+        2,
+        "the sessions' calls overlapped"
+    );
+    assert_eq!(snapshot(&memory, &ns), snapshot(&seq, &ns));
+    let links = |m: &Memory| {
+        let mut nodes: Vec<(String, Vec<String>)> = m
+            .store()
+            .all_nodes(&ns)
+            .unwrap()
+            .into_iter()
+            .map(|n| (n.node_id, n.record_ids.into_iter().collect()))
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    let nodes = links(&memory);
+    assert!(
+        nodes.iter().any(|(_, records)| records.len() > 5),
+        "a node shared by both sessions: {nodes:?}"
+    );
+    assert_eq!(nodes, links(&seq));
+}
