@@ -244,10 +244,14 @@ pub async fn serve_listener(
         .await
         .context("serving HTTP")?;
     // The router (and with it every queue sender) is gone: the workers finish the queue.
-    let drained = tokio::task::spawn_blocking(move || {
+    // Joined on a plain thread, not the runtime's blocking pool: a runtime being dropped waits
+    // for its blocking tasks, which would make the drain deadline moot.
+    let (done, drained) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
         for w in workers {
             let _ = w.join();
         }
+        let _ = done.send(());
     });
     match tokio::time::timeout(cfg.drain_timeout, drained).await {
         Ok(_) => tracing::info!("encoding queue drained"),

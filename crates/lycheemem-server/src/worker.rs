@@ -1,14 +1,19 @@
 //! The background encoding workers. Handlers store turns durably and enqueue a job; worker
 //! threads take jobs in arrival order and segment and encode them (LLM calls). Jobs of different
-//! sessions run concurrently (a local LLM decodes their calls together); a session's jobs wait
-//! for each other, since its segments are encoded in order. The queue is bounded: a full queue
-//! refuses new turns *before* they are stored (429). On shutdown the queue closes, the worker
-//! workers finish what is queued (or, past the drain deadline, leaves it: the turns are durable and
-//! the next start re-queues every session with unprocessed turns).
+//! sessions run concurrently (a local LLM decodes their calls together); a session's segments
+//! are encoded in order. Only one worker works on a session at a time: a job for a session that
+//! a worker owns is handed to that worker (one more pass, or a flush after its current work), so
+//! one busy session never ties up several workers. A panic inside a job is caught and counted;
+//! the worker keeps serving. The queue is bounded: a full queue refuses new turns *before* they
+//! are stored (429). On shutdown the queue closes and the workers finish what is queued (or,
+//! past the drain deadline, leave it: the turns are durable and the next start re-queues every
+//! session with unprocessed turns).
 
 use crate::metrics::Metrics;
 use lycheemem::{IngestReceipt, Memory};
 use lycheemem_core::{Namespace, SessionId};
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
@@ -35,6 +40,24 @@ pub fn count(metrics: &Metrics, r: &IngestReceipt) {
     metrics.record_tokens("encode", "total", r.encode_tokens);
 }
 
+type Reply = oneshot::Sender<lycheemem_core::Result<IngestReceipt>>;
+
+/// Work asked for a session while a worker owns it: another processing pass, and flushes.
+#[derive(Default)]
+struct Claim {
+    again: bool,
+    flushes: Vec<Reply>,
+}
+
+/// Sessions owned by a worker (only the owner works on a session; other jobs for it are handed
+/// to the owner, so a busy session never ties up a second worker).
+type Running = Mutex<HashMap<(Namespace, SessionId), Claim>>;
+
+enum Work {
+    Process,
+    Flush(Reply),
+}
+
 /// Starts `workers` (at least one) worker threads; they end when every sender is dropped and
 /// the queue is empty.
 pub fn spawn(
@@ -44,18 +67,20 @@ pub fn spawn(
     workers: usize,
 ) -> Vec<std::thread::JoinHandle<()>> {
     let rx = Arc::new(Mutex::new(rx));
+    let running: Arc<Running> = Arc::default();
     (0..workers.max(1))
         .map(|i| {
-            let (memory, metrics, rx) = (memory.clone(), metrics.clone(), rx.clone());
+            let (memory, metrics, rx, running) =
+                (memory.clone(), metrics.clone(), rx.clone(), running.clone());
             std::thread::Builder::new()
                 .name(format!("lycheemem-encode-{i}"))
-                .spawn(move || work(&memory, &metrics, &rx))
+                .spawn(move || work(&memory, &metrics, &rx, &running))
                 .expect("the worker thread starts")
         })
         .collect()
 }
 
-fn work(memory: &Memory, metrics: &Metrics, rx: &Mutex<mpsc::Receiver<Job>>) {
+fn work(memory: &Memory, metrics: &Metrics, rx: &Mutex<mpsc::Receiver<Job>>, running: &Running) {
     loop {
         // One worker waits on the queue at a time; the lock is released before the job runs.
         let job = rx.lock().unwrap_or_else(|p| p.into_inner()).blocking_recv();
@@ -64,20 +89,80 @@ fn work(memory: &Memory, metrics: &Metrics, rx: &Mutex<mpsc::Receiver<Job>>) {
         };
         metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
         match job {
-            Job::Process { ns, session } => match memory.process(&ns, &session) {
-                Ok(r) => count(metrics, &r),
-                Err(e) => {
+            Job::Process { ns, session } => {
+                submit(memory, metrics, running, (ns, session), Work::Process)
+            }
+            Job::Flush { ns, session, reply } => {
+                submit(memory, metrics, running, (ns, session), Work::Flush(reply))
+            }
+        }
+    }
+}
+
+/// Does `work` on a session if no worker owns it (and then whatever is handed over meanwhile),
+/// or hands it to the owner and returns at once.
+fn submit(
+    memory: &Memory,
+    metrics: &Metrics,
+    running: &Running,
+    key: (Namespace, SessionId),
+    work: Work,
+) {
+    {
+        let mut map = running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(claim) = map.get_mut(&key) {
+            match work {
+                Work::Process => claim.again = true,
+                Work::Flush(reply) => claim.flushes.push(reply),
+            }
+            return;
+        }
+        map.insert(key.clone(), Claim::default());
+    }
+    let (ns, session) = &key;
+    let mut next = work;
+    loop {
+        match next {
+            Work::Process => match catch_unwind(AssertUnwindSafe(|| memory.process(ns, session))) {
+                Ok(Ok(r)) => count(metrics, &r),
+                Ok(Err(e)) => {
                     metrics.worker_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!("processing {ns}/{session}: {e}");
                 }
+                Err(_) => {
+                    metrics.worker_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        "processing {ns}/{session} panicked; its stored turns are kept"
+                    );
+                }
             },
-            Job::Flush { ns, session, reply } => {
-                let r = memory.flush(&ns, &session);
+            Work::Flush(reply) => {
+                let r = catch_unwind(AssertUnwindSafe(|| memory.flush(ns, session)))
+                    .unwrap_or_else(|_| {
+                        metrics.worker_errors.fetch_add(1, Ordering::Relaxed);
+                        Err(lycheemem_core::Error::Store(format!(
+                            "flushing {ns}/{session} panicked; its stored turns are kept"
+                        )))
+                    });
                 if let Ok(r) = &r {
                     count(metrics, r);
                 }
                 let _ = reply.send(r);
             }
         }
+        let mut map = running.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(claim) = map.get_mut(&key) else {
+            return;
+        };
+        // A flush processes everything stored, so it also serves a pending pass.
+        next = if let Some(reply) = claim.flushes.pop() {
+            claim.again = false;
+            Work::Flush(reply)
+        } else if std::mem::take(&mut claim.again) {
+            Work::Process
+        } else {
+            map.remove(&key);
+            return;
+        };
     }
 }

@@ -167,7 +167,12 @@ async fn api_happy_paths_auth_isolation_and_bad_input() {
     };
     let server = start(memory(dir.path(), gate), cfg).await;
     let api = Api {
-        c: reqwest::Client::new(),
+        // A fresh connection per request: the server closes a connection after refusing an
+        // oversized body unread, and a pooled client could reuse it (IncompleteMessage).
+        c: reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap(),
         base: server.base.clone(),
     };
     const A: &str = "key-alice";
@@ -445,6 +450,62 @@ async fn a_full_queue_refuses_turns_before_storing_them() {
     assert_eq!(flush.await.unwrap(), 200);
     server.stop().await;
     assert!(mem.unprocessed_sessions(&ns).unwrap().is_empty());
+}
+
+/// A session held inside the encoder ties up one worker, not all: more turns for it are folded
+/// into that worker's run, and another session's flush is served by the second worker meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_session_ties_up_one_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    let mem = memory(dir.path(), gate.clone());
+    let server = start(
+        mem.clone(),
+        ServerConfig {
+            encode_workers: 2,
+            ..ServerConfig::default()
+        },
+    )
+    .await;
+    let ns = Namespace::new("alice").unwrap();
+    let c = reqwest::Client::new();
+    let post = |path: String, body: Option<Value>| {
+        let mut r = c
+            .post(format!("{}{path}", server.base))
+            .bearer_auth("key-alice");
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        tokio::spawn(async move { r.send().await.unwrap().status().as_u16() })
+    };
+    gate.set(true);
+    let s1 = post("/v1/sessions/s1/turns".into(), Some(turns()));
+    assert_eq!(s1.await.unwrap(), 202);
+    let flush1 = post("/v1/sessions/s1/flush".into(), None);
+    wait_until("s1's flush is held inside the encoder", || {
+        gate.waiting.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    for _ in 0..3 {
+        let more = post("/v1/sessions/s1/turns".into(), Some(turns()));
+        assert_eq!(more.await.unwrap(), 202);
+    }
+    let s2 = post("/v1/sessions/s2/turns".into(), Some(turns()));
+    assert_eq!(s2.await.unwrap(), 202);
+    let flush2 = post("/v1/sessions/s2/flush".into(), None);
+    wait_until("s2's flush reaches the encoder beside s1's", || {
+        gate.waiting.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    gate.set(false);
+    assert_eq!(flush1.await.unwrap(), 200);
+    assert_eq!(flush2.await.unwrap(), 200);
+    wait_until("the folded turns of s1 are processed", || {
+        mem.unprocessed_sessions(&ns).unwrap().is_empty()
+    })
+    .await;
+    assert_eq!(mem.stats(&ns).unwrap().turns, 4 * 5);
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

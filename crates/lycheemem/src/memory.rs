@@ -274,7 +274,6 @@ impl Memory {
         ns: &Namespace,
         session: &SessionId,
     ) -> (RwLockReadGuard<'_, ()>, SessionGuard<'_>) {
-        let derived = self.derived.read().unwrap_or_else(|p| p.into_inner());
         let key = (ns.clone(), session.clone());
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         while busy.contains(&key) {
@@ -284,7 +283,11 @@ impl Memory {
                 .unwrap_or_else(|p| p.into_inner());
         }
         busy.insert(key.clone());
+        drop(busy);
         let guard = SessionGuard { memory: self, key };
+        // Taken after the session's mark: a caller waiting for a busy session holds no read
+        // lock, so it cannot keep a delete (and the appends queued behind it) waiting.
+        let derived = self.derived.read().unwrap_or_else(|p| p.into_inner());
         (derived, guard)
     }
 
