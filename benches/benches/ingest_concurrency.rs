@@ -11,19 +11,12 @@
 
 use lycheemem::{Components, Memory};
 use lycheemem_bench::dataset;
+use lycheemem_benches::arg;
 use lycheemem_core::{Config, Namespace, SessionId};
 use lycheemem_llm::{LocalLlm, LocalOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
 
 struct Outcome {
     wall: Duration,

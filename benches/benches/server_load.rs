@@ -12,6 +12,7 @@ use lycheemem::synthetic::{
     Rng, build_store, mark_sessions_processed, percentile, rss_mib, sentence,
 };
 use lycheemem::{Components, Memory, QueryOptions};
+use lycheemem_benches::arg;
 use lycheemem_core::{Config, Namespace};
 use lycheemem_server::keys::KeyStore;
 use lycheemem_server::{ServerConfig, serve_listener};
@@ -19,14 +20,6 @@ use lycheemem_testkit::ScriptedLlm;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
 
 fn main() -> anyhow::Result<()> {
     let records: usize = arg("--records", "100000").parse()?;
