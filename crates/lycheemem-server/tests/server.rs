@@ -389,19 +389,22 @@ async fn api_happy_paths_auth_isolation_and_bad_input() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_refuses_turns_before_storing_them() {
+/// A server over a fresh memory whose encoder calls wait at the returned gate while it is closed.
+async fn gated_server(cfg: ServerConfig) -> (tempfile::TempDir, Arc<Gate>, Arc<Memory>, Running) {
     let dir = tempfile::tempdir().unwrap();
     let gate = Arc::new(Gate::default());
     let mem = memory(dir.path(), gate.clone());
-    let server = start(
-        mem.clone(),
-        ServerConfig {
-            queue_capacity: 1,
-            encode_workers: 1,
-            ..ServerConfig::default()
-        },
-    )
+    let server = start(mem.clone(), cfg).await;
+    (dir, gate, mem, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_turns_before_storing_them() {
+    let (_dir, gate, mem, server) = gated_server(ServerConfig {
+        queue_capacity: 1,
+        encode_workers: 1,
+        ..ServerConfig::default()
+    })
     .await;
     let c = reqwest::Client::new();
     let url = |p: &str| format!("{}{p}", server.base);
@@ -456,16 +459,10 @@ async fn a_full_queue_refuses_turns_before_storing_them() {
 /// into that worker's run, and another session's flush is served by the second worker meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_session_ties_up_one_worker() {
-    let dir = tempfile::tempdir().unwrap();
-    let gate = Arc::new(Gate::default());
-    let mem = memory(dir.path(), gate.clone());
-    let server = start(
-        mem.clone(),
-        ServerConfig {
-            encode_workers: 2,
-            ..ServerConfig::default()
-        },
-    )
+    let (_dir, gate, mem, server) = gated_server(ServerConfig {
+        encode_workers: 2,
+        ..ServerConfig::default()
+    })
     .await;
     let ns = Namespace::new("alice").unwrap();
     let c = reqwest::Client::new();
