@@ -2,7 +2,9 @@
 //! per-category tables comparing variants side by side, and two SVG plots (quality vs
 //! construction tokens; per-category bars). Every report records where it came from.
 
-use crate::run::{ConstructionLine, Prediction, constructions, predictions};
+use crate::run::{
+    ConstructionLine, Prediction, append_line, constructions, predictions, read_lines,
+};
 use crate::variant::VARIANTS;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -209,11 +211,83 @@ fn category_table(
     }
 }
 
-/// The Markdown summary.
-pub fn markdown(meta: &RunMeta, sums: &[VariantSummary], builds: &[ConstructionLine]) -> String {
+/// The folder's run log: one line per `bench run` that wrote into it, oldest first.
+const RUN_LOG: &str = "runs.jsonl";
+
+/// Adds `meta` to `out`'s run log. A report folder collects the predictions of every run that
+/// wrote into it (subsets, resumed runs, variants added later), so its header alone cannot say
+/// how the whole report was made: the log can.
+pub fn record_run(out: &Path, meta: &RunMeta) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    append_line(&out.join(RUN_LOG), meta)
+}
+
+/// The runs recorded in `out`'s run log, oldest first.
+pub fn runs(out: &Path) -> Result<Vec<RunMeta>> {
+    read_lines(&out.join(RUN_LOG))
+}
+
+/// The variants whose recorded runs used more than one config hash: `(variant, hashes)`.
+pub fn config_changes(runs: &[RunMeta]) -> Vec<(String, Vec<String>)> {
+    let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for r in runs {
+        for (variant, hash) in &r.config_hashes {
+            let hashes = seen.entry(variant).or_default();
+            if !hashes.contains(hash) {
+                hashes.push(hash.clone());
+            }
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, h)| h.len() > 1)
+        .map(|(v, h)| (v.to_string(), h))
+        .collect()
+}
+
+fn runs_table(out: &mut String, runs: &[RunMeta]) {
+    let _ = writeln!(out, "\n## Runs that wrote into this report\n");
+    let _ = writeln!(
+        out,
+        "Oldest first; each reran only what its folder did not hold yet (finished predictions and built memories are skipped).\n"
+    );
+    let _ = writeln!(out, "| date | commit | variants (config hash) | command |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    for r in runs {
+        let variants: Vec<String> = r
+            .config_hashes
+            .iter()
+            .map(|(v, h)| format!("{v} ({h})"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | `{}` |",
+            r.date,
+            r.commit,
+            variants.join(", "),
+            r.command.replace('|', "\\|")
+        );
+    }
+    for (variant, hashes) in config_changes(runs) {
+        let _ = writeln!(
+            out,
+            "\n**Note:** `{variant}` ran under {} config hashes ({}), so its predictions may mix configurations. The hash covers every setting, speed-only ones (`--llm-batch`, `--threads`) included: compare the commands above.",
+            hashes.len(),
+            hashes.join(", ")
+        );
+    }
+}
+
+/// The Markdown summary. `runs` is the folder's run log (see [`record_run`]); the header
+/// describes the latest run, `meta`.
+pub fn markdown(
+    meta: &RunMeta,
+    runs: &[RunMeta],
+    sums: &[VariantSummary],
+    builds: &[ConstructionLine],
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# Benchmark report: {}\n", meta.dataset);
-    let _ = writeln!(out, "- command: `{}`", meta.command);
+    let _ = writeln!(out, "- latest command: `{}`", meta.command);
     let _ = writeln!(
         out,
         "- commit {}, {}, {}",
@@ -309,6 +383,9 @@ pub fn markdown(meta: &RunMeta, sums: &[VariantSummary], builds: &[ConstructionL
                 r.seconds
             );
         }
+    }
+    if !runs.is_empty() {
+        runs_table(&mut out, runs);
     }
     let _ = writeln!(
         out,
@@ -475,7 +552,7 @@ pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
     let preds = predictions(out)?;
     let builds = constructions(out)?;
     let sums = summarize(&preds, &builds);
-    let md = markdown(meta, &sums, &builds);
+    let md = markdown(meta, &runs(out)?, &sums, &builds);
     let write = |name: &str, body: &[u8]| -> Result<()> {
         std::fs::write(out.join(name), body).with_context(|| format!("writing {name}"))
     };

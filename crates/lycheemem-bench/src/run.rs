@@ -215,7 +215,7 @@ pub fn select(dataset: &Dataset, spec: &RunSpec) -> Vec<(usize, usize)> {
     chosen
 }
 
-fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
+pub(crate) fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Ok(Vec::new());
     };
@@ -236,7 +236,7 @@ fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
     Ok(out)
 }
 
-fn append_line<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+pub(crate) fn append_line<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

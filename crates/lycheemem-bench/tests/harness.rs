@@ -417,3 +417,48 @@ fn a_rebuilt_memory_replays_the_logged_encoder_calls() {
         "{lines:#?}"
     );
 }
+
+#[test]
+fn a_report_lists_every_run_that_wrote_into_it() {
+    use lycheemem_bench::report::{record_run, runs};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    let run = |command: &str, hash: &str| RunMeta {
+        command: command.into(),
+        commit: "abc1234".into(),
+        dataset: "locomo_tiny.json".into(),
+        config_hashes: [("full".to_string(), hash.to_string())].into(),
+        ..Default::default()
+    };
+    let first = run("lycheemem bench run --items conv-1", "h1");
+    let second = run("lycheemem bench run --items conv-2", "h1");
+    record_run(&out, &first).unwrap();
+    record_run(&out, &second).unwrap();
+    let md = write_reports(&out, &second).unwrap();
+    assert!(
+        md.contains("- latest command: `lycheemem bench run --items conv-2`"),
+        "{md}"
+    );
+    assert!(md.contains("## Runs that wrote into this report"), "{md}");
+    assert!(
+        md.contains("| full (h1) | `lycheemem bench run --items conv-1` |"),
+        "{md}"
+    );
+    assert!(!md.contains("config hashes"), "{md}");
+    // A later run of the same variant under another configuration is called out.
+    let third = run("lycheemem bench run --items conv-3 | tee log", "h2");
+    record_run(&out, &third).unwrap();
+    let md = write_reports(&out, &third).unwrap();
+    assert!(
+        md.contains("`full` ran under 2 config hashes (h1, h2)"),
+        "{md}"
+    );
+    assert!(
+        md.contains("conv-3 \\| tee log"),
+        "a pipe cannot break the table: {md}"
+    );
+    assert_eq!(runs(&out).unwrap().len(), 3);
+    // Regenerating the report (`bench report`) records nothing new.
+    write_reports(&out, &third).unwrap();
+    assert_eq!(runs(&out).unwrap().len(), 3);
+}

@@ -184,6 +184,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         dataset_notes: data.skipped.len(),
     };
     std::fs::create_dir_all(&args.out)?;
+    report::record_run(&args.out, &meta)?;
     let backends = Backends { components, judge };
     let result = run::run(&data, &spec, &base, &backends, &mut |line| {
         eprintln!("{line}")
