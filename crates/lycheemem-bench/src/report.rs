@@ -214,7 +214,8 @@ fn category_table(
 /// The folder's run log: one line per `bench run` that wrote into it, oldest first.
 const RUN_LOG: &str = "runs.jsonl";
 
-/// Adds `meta` to `out`'s run log. A report folder collects the predictions of every run that
+/// Adds `meta` to `out`'s run log (at the start of a run, so a stopped run is listed too). A
+/// report folder collects the predictions of every run that
 /// wrote into it (subsets, resumed runs, variants added later), so its header alone cannot say
 /// how the whole report was made: the log can.
 pub fn record_run(out: &Path, meta: &RunMeta) -> Result<()> {
@@ -245,10 +246,10 @@ pub fn config_changes(runs: &[RunMeta]) -> Vec<(String, Vec<String>)> {
 }
 
 fn runs_table(out: &mut String, runs: &[RunMeta]) {
-    let _ = writeln!(out, "\n## Runs that wrote into this report\n");
+    let _ = writeln!(out, "\n## Runs recorded in this folder\n");
     let _ = writeln!(
         out,
-        "Oldest first; each reran only what its folder did not hold yet (finished predictions and built memories are skipped).\n"
+        "Oldest first, stopped runs included; each run skips what the folder already holds (finished predictions, built memories).\n"
     );
     let _ = writeln!(out, "| date | commit | variants (config hash) | command |");
     let _ = writeln!(out, "|---|---|---|---|");

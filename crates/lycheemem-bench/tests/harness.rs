@@ -419,7 +419,7 @@ fn a_rebuilt_memory_replays_the_logged_encoder_calls() {
 }
 
 #[test]
-fn a_report_lists_every_run_that_wrote_into_it() {
+fn a_report_lists_every_run_recorded_in_its_folder() {
     use lycheemem_bench::report::{record_run, runs};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results");
@@ -439,7 +439,7 @@ fn a_report_lists_every_run_that_wrote_into_it() {
         md.contains("- latest command: `lycheemem bench run --items conv-2`"),
         "{md}"
     );
-    assert!(md.contains("## Runs that wrote into this report"), "{md}");
+    assert!(md.contains("## Runs recorded in this folder"), "{md}");
     assert!(
         md.contains("| full (h1) | `lycheemem bench run --items conv-1` |"),
         "{md}"
