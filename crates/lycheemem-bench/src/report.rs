@@ -211,12 +211,12 @@ fn category_table(
     }
 }
 
-/// The folder's run log: one line per `bench run` that wrote into it, oldest first.
+/// The folder's run log: one line per `bench run` into it, oldest first.
 const RUN_LOG: &str = "runs.jsonl";
 
-/// Adds `meta` to `out`'s run log (at the start of a run, so a stopped run is listed too). A
-/// report folder collects the predictions of every run that
-/// wrote into it (subsets, resumed runs, variants added later), so its header alone cannot say
+/// Adds `meta` to `out`'s run log, creating `out` if needed; called when a run starts, so a
+/// stopped run is listed too. A report folder collects the predictions of every run into it
+/// (subsets, resumed runs, variants added later), so the latest run's header alone cannot say
 /// how the whole report was made: the log can.
 pub fn record_run(out: &Path, meta: &RunMeta) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -229,7 +229,7 @@ pub fn runs(out: &Path) -> Result<Vec<RunMeta>> {
 }
 
 /// The variants whose recorded runs used more than one config hash: `(variant, hashes)`.
-pub fn config_changes(runs: &[RunMeta]) -> Vec<(String, Vec<String>)> {
+fn config_changes(runs: &[RunMeta]) -> Vec<(String, Vec<String>)> {
     let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for r in runs {
         for (variant, hash) in &r.config_hashes {

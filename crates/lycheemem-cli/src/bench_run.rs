@@ -183,7 +183,6 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         retrieval_only: args.retrieval_only,
         dataset_notes: data.skipped.len(),
     };
-    std::fs::create_dir_all(&args.out)?;
     report::record_run(&args.out, &meta)?;
     let backends = Backends { components, judge };
     let result = run::run(&data, &spec, &base, &backends, &mut |line| {
