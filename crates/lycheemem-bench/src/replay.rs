@@ -10,6 +10,12 @@
 //! (synced) before it is returned. The same log makes a killed construction lose nothing: the
 //! calls of the session it was in the middle of are answered from the log when it resumes.
 //!
+//! A benchmark run keeps two logs ([`ReplayLlm::with_shared_log`]): the results folder's own
+//! (`<out>/encoder-calls.jsonl`), which ends up holding every call the folder's memories were
+//! built with, whether made or replayed, and is committed with the report; and the cache's,
+//! shared by every run on the machine. So a fresh clone rebuilds a committed report's memories
+//! without the LLM, and a construction stopped on one machine continues on another.
+//!
 //! A replayed completion carries the token counts and latency of the call that produced it, so
 //! construction tokens (SPEC §6) are the same whether or not a call was replayed; the number of
 //! replayed calls is reported, since they make wall time shorter.
@@ -34,8 +40,12 @@ struct Entry {
 /// An [`Llm`] that answers calls it has logged before from the log, and logs every other call.
 pub struct ReplayLlm {
     inner: Arc<dyn Llm>,
+    /// The log every answered call ends up in.
     path: PathBuf,
-    answers: Mutex<HashMap<String, Completion>>,
+    /// A second log, read too, that receives the calls made (not those replayed).
+    shared: Option<PathBuf>,
+    /// Answers by key, and whether `path` holds them already.
+    answers: Mutex<HashMap<String, (Completion, bool)>>,
     file: Mutex<()>,
     replayed: AtomicU64,
     made: AtomicU64,
@@ -45,21 +55,26 @@ impl ReplayLlm {
     /// Wraps `inner`, loading the calls already logged in `path` (created on first append). A
     /// line cut short by a kill is skipped (that call is simply made again).
     pub fn open(inner: Arc<dyn Llm>, path: &Path) -> Result<ReplayLlm> {
+        Self::open_logs(inner, path, None)
+    }
+
+    /// Wraps `inner` with two logs: calls logged in either are replayed; `path` receives every
+    /// call answered that it lacks (made or replayed from `shared`), `shared` the calls made.
+    pub fn with_shared_log(inner: Arc<dyn Llm>, path: &Path, shared: &Path) -> Result<ReplayLlm> {
+        Self::open_logs(inner, path, Some(shared))
+    }
+
+    fn open_logs(inner: Arc<dyn Llm>, path: &Path, shared: Option<&Path>) -> Result<ReplayLlm> {
         let mut answers = HashMap::new();
-        match std::fs::read(path) {
-            Ok(bytes) => {
-                for line in bytes.split(|b| *b == b'\n') {
-                    if let Ok(e) = serde_json::from_slice::<Entry>(line) {
-                        answers.insert(e.key, e.completion);
-                    }
-                }
+        for (log, own) in shared.map(|s| (s, false)).into_iter().chain([(path, true)]) {
+            for e in read_log(log)? {
+                answers.insert(e.key, (e.completion, own));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::Store(format!("reading {}: {e}", path.display()))),
         }
         Ok(ReplayLlm {
             inner,
             path: path.to_path_buf(),
+            shared: shared.map(Path::to_path_buf),
             answers: Mutex::new(answers),
             file: Mutex::new(()),
             replayed: AtomicU64::new(0),
@@ -92,13 +107,13 @@ impl ReplayLlm {
         hex::encode(Sha256::digest(src.to_string().as_bytes()))
     }
 
-    fn append(&self, entry: &Entry) -> Result<()> {
+    fn append(&self, path: &Path, entry: &Entry) -> Result<()> {
         let _guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let io = |e: std::io::Error| Error::Store(format!("writing {}: {e}", self.path.display()));
+        let io = |e: std::io::Error| Error::Store(format!("writing {}: {e}", path.display()));
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.path)
+            .open(path)
             .map_err(io)?;
         let mut line = serde_json::to_vec(entry).map_err(|e| Error::Store(e.to_string()))?;
         line.push(b'\n');
@@ -107,17 +122,35 @@ impl ReplayLlm {
     }
 }
 
+/// The entries of a log (none when it does not exist). A line cut short by a kill is skipped.
+fn read_log(path: &Path) -> Result<Vec<Entry>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(bytes
+            .split(|b| *b == b'\n')
+            .filter_map(|line| serde_json::from_slice::<Entry>(line).ok())
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(Error::Store(format!("reading {}: {e}", path.display()))),
+    }
+}
+
 impl Llm for ReplayLlm {
     fn complete(&self, messages: &[ChatMessage], options: &GenerateOptions) -> Result<Completion> {
         let key = self.key(messages, options);
-        if let Some(c) = self
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
         {
-            self.replayed.fetch_add(1, Ordering::Relaxed);
-            return Ok(c.clone());
+            let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((c, in_own_log)) = answers.get_mut(&key) {
+                if !*in_own_log {
+                    let entry = Entry {
+                        key: key.clone(),
+                        completion: c.clone(),
+                    };
+                    self.append(&self.path, &entry)?;
+                    *in_own_log = true;
+                }
+                self.replayed.fetch_add(1, Ordering::Relaxed);
+                return Ok(c.clone());
+            }
         }
         let completion = self.inner.complete(messages, options)?;
         self.made.fetch_add(1, Ordering::Relaxed);
@@ -125,11 +158,14 @@ impl Llm for ReplayLlm {
             key,
             completion: completion.clone(),
         };
-        self.append(&entry)?;
+        self.append(&self.path, &entry)?;
+        if let Some(shared) = &self.shared {
+            self.append(shared, &entry)?;
+        }
         self.answers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(entry.key, entry.completion);
+            .insert(entry.key, (entry.completion, true));
         Ok(completion)
     }
 

@@ -8,8 +8,10 @@ use crate::dataset::{Dataset, DatasetKind, Item, Question, TurnAt};
 use crate::metrics;
 use crate::variant::{Variant, VariantKind};
 use anyhow::{Context, Result};
-use lycheemem::{Components, EvidenceItem};
-use lycheemem_core::{CandidateTarget, Config, Plan, Purpose, TokenUsage, estimate_tokens};
+use lycheemem::{Components, EvidenceItem, Memory};
+use lycheemem_core::{
+    CandidateTarget, Config, Namespace, Plan, Purpose, TokenUsage, estimate_tokens,
+};
 use lycheemem_llm::Llm;
 use lycheemem_retrieve::{Retriever, SearchRequest};
 use serde::{Deserialize, Serialize};
@@ -388,11 +390,20 @@ pub fn run(
         .into_iter()
         .map(|c| (c.variant, c.report.item))
         .collect();
-    let plans_path = spec.cache.join("plans.jsonl");
-    let mut plans: HashMap<String, CachedPlan> = read_lines::<CachedPlan>(&plans_path)?
-        .into_iter()
-        .map(|p| (p.key.clone(), p))
-        .collect();
+    // Plans are cached on the machine and kept in the results folder (see `PlanLogs`).
+    let mut plan_logs = PlanLogs {
+        shared: spec.cache.join("plans.jsonl"),
+        kept: spec.out.join("plans.jsonl"),
+        kept_keys: HashSet::new(),
+    };
+    let mut plans: HashMap<String, CachedPlan> = HashMap::new();
+    for p in read_lines::<CachedPlan>(&plan_logs.shared)? {
+        plans.insert(p.key.clone(), p);
+    }
+    for p in read_lines::<CachedPlan>(&plan_logs.kept)? {
+        plan_logs.kept_keys.insert(p.key.clone());
+        plans.insert(p.key.clone(), p);
+    }
     let mut by_item: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, j) in &selected {
         by_item.entry(*i).or_default().push(*j);
@@ -433,123 +444,170 @@ pub fn run(
         done: 0,
         total,
     };
-    // The encoder's calls are logged in the cache and replayed when a memory is rebuilt.
-    let replay = Arc::new(crate::replay::ReplayLlm::open(
+    // The encoder's calls are logged (in the results folder and the cache) and replayed when a
+    // memory is rebuilt.
+    let replay = Arc::new(crate::replay::ReplayLlm::with_shared_log(
         backends.components.encode_llm.clone(),
+        &spec.out.join(ENCODER_CALLS),
         &spec.cache.join("encode-calls.jsonl"),
     )?);
     let mut replaying = backends.components.clone();
     replaying.encode_llm = replay.clone();
     let comps = &replaying;
     let groups = construction_groups(&variants);
-    // Memories not built yet are built first, several items at a time (their encoder calls are
-    // decoded together by a local LLM).
-    if spec.jobs > 1 {
-        let mut tasks: Vec<(usize, &str, &Config)> = Vec::new();
-        for (&i, qs) in &by_item {
+    // Items are taken in waves of `WAVE_PER_JOB` × jobs: a wave's missing memories are built first,
+    // several at a time (their encoder calls are decoded together by a local LLM), then its
+    // questions are planned and evaluated, `jobs` at a time across all its items and variants.
+    // A run over many small items (LongMemEval: one question each) so checkpoints predictions as
+    // it goes instead of after every memory is built.
+    let items: Vec<(usize, &Vec<usize>)> = by_item.iter().map(|(&i, qs)| (i, qs)).collect();
+    for wave in items.chunks(spec.jobs.max(1) * WAVE_PER_JOB) {
+        if spec.jobs > 1 {
+            let mut tasks: Vec<(usize, &str, &Config)> = Vec::new();
+            for &(i, qs) in wave {
+                let item = &dataset.items[i];
+                for (hash, group) in &groups {
+                    let needed = group.iter().any(|v| {
+                        !pending(v, item, qs, &done).is_empty()
+                            || (allowed(v, item)
+                                && !built.contains(&(v.name.clone(), item.id.clone())))
+                    });
+                    if needed && !construct::is_built(&spec.cache, dataset.kind, item, hash) {
+                        tasks.push((i, hash.as_str(), &group[0].config));
+                    }
+                }
+            }
+            if tasks.len() > 1 {
+                progress(format!(
+                    "building {} memories, {} at a time",
+                    tasks.len(),
+                    spec.jobs.min(tasks.len())
+                ));
+                for_each_parallel(
+                    spec.jobs,
+                    &tasks,
+                    |&(i, hash, config), say| {
+                        construct::build_or_open(
+                            &spec.cache,
+                            dataset.kind,
+                            &dataset.items[i],
+                            config,
+                            hash,
+                            comps.clone(),
+                            say,
+                        )
+                        .map(|_| ())
+                    },
+                    progress,
+                    |(), _| Ok(()),
+                )?;
+            }
+        }
+        // The wave's memories (by item and construction hash) and naive-RAG chunk indexes.
+        let mut memories: HashMap<(usize, &str), (Memory, Namespace)> = HashMap::new();
+        let mut indexes: HashMap<usize, ChunkIndex> = HashMap::new();
+        for &(i, qs) in wave {
             let item = &dataset.items[i];
             for (hash, group) in &groups {
-                let needed = group.iter().any(|v| {
-                    !pending(v, item, qs, &done).is_empty()
-                        || (allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone())))
+                let need_questions = group
+                    .iter()
+                    .any(|v| !pending(v, item, qs, &done).is_empty());
+                let need_report = group.iter().any(|v| {
+                    allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone()))
                 });
-                if needed && !construct::is_built(&spec.cache, dataset.kind, item, hash) {
-                    tasks.push((i, hash.as_str(), &group[0].config));
+                if !need_questions && !need_report {
+                    continue;
                 }
+                let (memory, report, cached) = construct::build_or_open(
+                    &spec.cache,
+                    dataset.kind,
+                    item,
+                    &group[0].config,
+                    hash,
+                    comps.clone(),
+                    progress,
+                )?;
+                progress(format!(
+                    "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
+                    item.id,
+                    if cached { "cached" } else { "built" },
+                    report.segments,
+                    report.records,
+                    report.tokens()
+                ));
+                for v in group.iter().filter(|v| allowed(v, item)) {
+                    if built.insert((v.name.clone(), item.id.clone())) {
+                        append_line(
+                            &spec.out.join("construction.jsonl"),
+                            &ConstructionLine {
+                                variant: v.name.clone(),
+                                report: report.clone(),
+                            },
+                        )?;
+                    }
+                }
+                let ns = construct::namespace(dataset.kind, &item.id)?;
+                memories.insert((i, hash.as_str()), (memory, ns));
+            }
+            let naive_pending = variants.iter().any(|v| {
+                v.kind == VariantKind::NaiveRag && !pending(v, item, qs, &done).is_empty()
+            });
+            if naive_pending {
+                indexes.insert(
+                    i,
+                    ChunkIndex::build(item, spec.naive_chunk_turns, comps.embedder.as_ref())?,
+                );
             }
         }
-        if tasks.len() > 1 {
-            progress(format!(
-                "building {} memories, {} at a time",
-                tasks.len(),
-                spec.jobs.min(tasks.len())
-            ));
-            for_each_parallel(
+        for v in variants.iter().filter(|v| v.plans()) {
+            let questions: Vec<&Question> = wave
+                .iter()
+                .flat_map(|&(i, qs)| {
+                    let item = &dataset.items[i];
+                    pending(v, item, qs, &done)
+                        .into_iter()
+                        .map(move |j| &item.questions[j])
+                })
+                .collect();
+            prefetch_plans(
+                &questions,
+                v,
+                comps,
+                &mut plan_logs,
+                &mut plans,
                 spec.jobs,
-                &tasks,
-                |&(i, hash, config), say| {
-                    construct::build_or_open(
-                        &spec.cache,
-                        dataset.kind,
-                        &dataset.items[i],
-                        config,
-                        hash,
-                        comps.clone(),
-                        say,
-                    )
-                    .map(|_| ())
-                },
                 progress,
-                |(), _| Ok(()),
             )?;
         }
-    }
-    for (&i, qs) in &by_item {
-        let item = &dataset.items[i];
-        // Memory variants grouped by construction, so each memory is opened once.
-        for (hash, group) in &groups {
-            let need_questions = group
-                .iter()
-                .any(|v| !pending(v, item, qs, &done).is_empty());
-            let need_report = group
-                .iter()
-                .any(|v| allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone())));
-            if !need_questions && !need_report {
-                continue;
-            }
-            let (memory, report, cached) = construct::build_or_open(
-                &spec.cache,
-                dataset.kind,
-                item,
-                &group[0].config,
-                hash,
-                comps.clone(),
-                progress,
-            )?;
-            progress(format!(
-                "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
-                item.id,
-                if cached { "cached" } else { "built" },
-                report.segments,
-                report.records,
-                report.tokens()
-            ));
-            for v in group.iter().filter(|v| allowed(v, item)) {
-                if built.insert((v.name.clone(), item.id.clone())) {
-                    append_line(
-                        &spec.out.join("construction.jsonl"),
-                        &ConstructionLine {
-                            variant: v.name.clone(),
-                            report: report.clone(),
-                        },
-                    )?;
+        // (item, variant, question) to evaluate; `full_context` apart, one at a time, so every
+        // call reuses the cached history prefix and prefills only its question.
+        let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+        let mut full_context_tasks: Vec<(usize, usize, usize)> = Vec::new();
+        for &(i, qs) in wave {
+            for (vi, v) in variants.iter().enumerate() {
+                for j in pending(v, &dataset.items[i], qs, &done) {
+                    if v.kind == VariantKind::FullContext {
+                        full_context_tasks.push((i, vi, j));
+                    } else {
+                        tasks.push((i, vi, j));
+                    }
                 }
             }
-            let ns = construct::namespace(dataset.kind, &item.id)?;
-            for v in group {
-                let file = spec
-                    .out
-                    .join("predictions")
-                    .join(format!("{}.jsonl", v.name));
-                let todo = pending(v, item, qs, &done);
-                if v.plans() {
-                    let questions: Vec<&Question> =
-                        todo.iter().map(|&j| &item.questions[j]).collect();
-                    prefetch_plans(
-                        &questions,
-                        v,
-                        comps,
-                        &plans_path,
-                        &mut plans,
-                        spec.jobs,
-                        progress,
-                    )?;
-                }
-                let plans = &plans;
-                let memory = &memory;
-                let ns = &ns;
-                let evaluate = |&j: &usize, _: &mut dyn FnMut(String)| -> Result<Prediction> {
-                    let q = &item.questions[j];
+        }
+        let (plans, memories, indexes) = (&plans, &memories, &indexes);
+        let evaluate = |&(i, vi, j): &(usize, usize, usize),
+                        _: &mut dyn FnMut(String)|
+         -> Result<Prediction> {
+            let (item, v) = (&dataset.items[i], &variants[vi]);
+            let q = &item.questions[j];
+            let clock_q = Instant::now();
+            let mut config = v.config.clone();
+            let (evidence, mut p) = match v.kind {
+                VariantKind::Memory => {
+                    let hash = v.construction_hash();
+                    let (memory, ns) = memories
+                        .get(&(i, hash.as_str()))
+                        .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
                     let retriever = Retriever {
                         store: memory.store(),
                         embedder: comps.embedder.as_ref(),
@@ -589,102 +647,76 @@ pub fn run(
                     } else {
                         p.plan_fallback = Some("planner disabled".into());
                     }
-                    finish(
-                        &mut p,
-                        dataset.kind,
-                        q,
-                        &result.evidence,
-                        &v.config,
-                        spec,
-                        backends,
-                    )?;
-                    Ok(p)
-                };
-                for_each_parallel(spec.jobs, &todo, evaluate, progress, |p, progress| {
-                    checkpoint(&file, p, &mut clock, &mut done, progress)
-                })?;
-            }
-        }
-        for v in variants.iter().filter(|v| v.kind != VariantKind::Memory) {
-            let todo = pending(v, item, qs, &done);
-            if todo.is_empty() {
-                continue;
-            }
+                    (result.evidence, p)
+                }
+                VariantKind::NaiveRag => {
+                    let index = indexes
+                        .get(&i)
+                        .ok_or_else(|| anyhow::anyhow!("no chunk index built for {}", item.id))?;
+                    let evidence =
+                        index.search(&q.question, spec.top_k.max(1), comps.embedder.as_ref())?;
+                    let ms = clock_q.elapsed().as_secs_f64() * 1e3;
+                    let p = base_prediction(v, item, q, &evidence, ms);
+                    (evidence, p)
+                }
+                VariantKind::FullContext => {
+                    let context = comps.answer_llm.context_length().unwrap_or(32_768);
+                    let budget = context.saturating_sub(spec.full_context_reserve);
+                    let (evidence, dropped) = baseline::full_context(item, budget)?;
+                    config.answer.evidence_item_chars = usize::MAX;
+                    let ms = clock_q.elapsed().as_secs_f64() * 1e3;
+                    let mut p = base_prediction(v, item, q, &evidence, ms);
+                    p.note = (dropped > 0).then(|| {
+                        format!(
+                            "truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens",
+                            evidence.len()
+                        )
+                    });
+                    (evidence, p)
+                }
+            };
+            finish(&mut p, dataset.kind, q, &evidence, &config, spec, backends)?;
+            Ok(p)
+        };
+        let mut save = |p: Prediction, progress: &mut dyn FnMut(String)| {
             let file = spec
                 .out
                 .join("predictions")
-                .join(format!("{}.jsonl", v.name));
-            let index = if v.kind == VariantKind::NaiveRag {
-                Some(ChunkIndex::build(
-                    item,
-                    spec.naive_chunk_turns,
-                    comps.embedder.as_ref(),
-                )?)
-            } else {
-                None
-            };
-            let index = &index;
-            let evaluate = |&j: &usize, _: &mut dyn FnMut(String)| -> Result<Prediction> {
-                let q = &item.questions[j];
-                let clock_q = Instant::now();
-                let (evidence, note, config) = match index {
-                    Some(index) => (
-                        index.search(&q.question, spec.top_k.max(1), comps.embedder.as_ref())?,
-                        None,
-                        v.config.clone(),
-                    ),
-                    None => {
-                        let context = comps.answer_llm.context_length().unwrap_or(32_768);
-                        let budget = context.saturating_sub(spec.full_context_reserve);
-                        let (items, dropped) = baseline::full_context(item, budget)?;
-                        let mut config = v.config.clone();
-                        config.answer.evidence_item_chars = usize::MAX;
-                        let note = (dropped > 0).then(|| {
-                            format!("truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens", items.len())
-                        });
-                        (items, note, config)
-                    }
-                };
-                let ms = clock_q.elapsed().as_secs_f64() * 1e3;
-                let mut p = base_prediction(v, item, q, &evidence, ms);
-                p.note = note;
-                finish(&mut p, dataset.kind, q, &evidence, &config, spec, backends)?;
-                Ok(p)
-            };
-            // Every full_context prompt starts with the same whole history: one at a time, each
-            // call reuses the cached history and prefills only its question.
-            let jobs = if v.kind == VariantKind::FullContext {
-                1
-            } else {
-                spec.jobs
-            };
-            for_each_parallel(jobs, &todo, evaluate, progress, |p, progress| {
-                checkpoint(&file, p, &mut clock, &mut done, progress)
-            })?;
-            if v.kind == VariantKind::NaiveRag && built.insert((v.name.clone(), item.id.clone())) {
-                append_line(
-                    &spec.out.join("construction.jsonl"),
-                    &ConstructionLine {
-                        variant: v.name.clone(),
-                        report: ConstructionReport {
-                            item: item.id.clone(),
-                            hash: "none".into(),
-                            turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
-                            embedder: base.models.embedder.clone(),
-                            ..Default::default()
+                .join(format!("{}.jsonl", p.variant));
+            checkpoint(&file, p, &mut clock, &mut done, progress)
+        };
+        for_each_parallel(spec.jobs, &tasks, evaluate, progress, &mut save)?;
+        for_each_parallel(1, &full_context_tasks, evaluate, progress, &mut save)?;
+        // Naive RAG builds nothing an LLM pays for; its report line records the item's turns.
+        for v in variants.iter().filter(|v| v.kind == VariantKind::NaiveRag) {
+            for &(i, _) in wave {
+                let item = &dataset.items[i];
+                if indexes.contains_key(&i) && built.insert((v.name.clone(), item.id.clone())) {
+                    append_line(
+                        &spec.out.join("construction.jsonl"),
+                        &ConstructionLine {
+                            variant: v.name.clone(),
+                            report: ConstructionReport {
+                                item: item.id.clone(),
+                                hash: "none".into(),
+                                turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
+                                embedder: base.models.embedder.clone(),
+                                ..Default::default()
+                            },
                         },
-                    },
-                )?;
+                    )?;
+                }
             }
         }
     }
     if replay.made() + replay.replayed() > 0 {
         progress(format!(
-            "encoder calls: {} made, {} replayed from {} ({} logged)",
+            "encoder calls: {} made, {} replayed ({} logged in {} and {})",
             replay.made(),
             replay.replayed(),
+            replay.logged(),
+            spec.out.join(ENCODER_CALLS).display(),
             spec.cache.join("encode-calls.jsonl").display(),
-            replay.logged()
         ));
     }
     Ok(())
@@ -871,13 +903,29 @@ fn plan_key(q: &Question, v: &Variant, comps: &Components) -> String {
     hex::encode(Sha256::digest(key_src.to_string().as_bytes()))
 }
 
-/// Makes the plans the questions lack, `jobs` at a time, and caches each in `<cache>/plans.jsonl`
-/// (one plan per key, shared by every variant and later run).
+/// Items per wave of a run, per parallel job (see `run`).
+const WAVE_PER_JOB: usize = 2;
+
+/// The results folder's log of the encoder calls its memories were built with (committed with
+/// the report; replayed when a memory is rebuilt, on any machine).
+pub const ENCODER_CALLS: &str = "encoder-calls.jsonl";
+
+/// Where plans are logged: the cache's log, shared by every run on the machine, and the results
+/// folder's own, which keeps the plan of every question the folder's predictions used (committed
+/// with the report, so a fresh clone re-evaluates without the planner).
+struct PlanLogs {
+    shared: PathBuf,
+    kept: PathBuf,
+    kept_keys: HashSet<String>,
+}
+
+/// Makes the plans the questions lack, `jobs` at a time, and logs each (one plan per key, shared
+/// by every variant and later run); copies into the results folder's log the plans it lacks.
 fn prefetch_plans(
     questions: &[&Question],
     v: &Variant,
     comps: &Components,
-    path: &Path,
+    logs: &mut PlanLogs,
     plans: &mut HashMap<String, CachedPlan>,
     jobs: usize,
     progress: &mut dyn FnMut(String),
@@ -885,8 +933,14 @@ fn prefetch_plans(
     let mut missing: Vec<(String, &Question)> = Vec::new();
     for q in questions {
         let key = plan_key(q, v, comps);
-        if !plans.contains_key(&key) && !missing.iter().any(|(k, _)| *k == key) {
-            missing.push((key, q));
+        match plans.get(&key) {
+            Some(plan) if !logs.kept_keys.contains(&key) => {
+                append_line(&logs.kept, plan)?;
+                logs.kept_keys.insert(key);
+            }
+            Some(_) => {}
+            None if !missing.iter().any(|(k, _)| *k == key) => missing.push((key, q)),
+            None => {}
         }
     }
     if missing.is_empty() {
@@ -925,7 +979,9 @@ fn prefetch_plans(
         },
         progress,
         |cached, progress| {
-            append_line(path, &cached)?;
+            append_line(&logs.shared, &cached)?;
+            append_line(&logs.kept, &cached)?;
+            logs.kept_keys.insert(cached.key.clone());
             plans.insert(cached.key.clone(), cached);
             made += 1;
             if made == total || last_report.elapsed().as_secs_f64() >= 10.0 {

@@ -356,6 +356,63 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
 }
 
 #[test]
+fn a_run_over_many_items_goes_in_waves_and_checkpoints_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = locomo_file(dir.path());
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
+    let items: Vec<serde_json::Value> = (0..5)
+        .map(|n| {
+            let mut item = data[0].clone();
+            item["sample_id"] = format!("conv-{n}").into();
+            item
+        })
+        .collect();
+    let path = dir.path().join("locomo_five.json");
+    std::fs::write(&path, serde_json::Value::from(items).to_string()).unwrap();
+    let data = dataset::load(&path).unwrap();
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let b = backends(llm.clone(), miso_judge());
+    let spec = RunSpec {
+        jobs: 2,
+        retrieval_only: true,
+        ..spec_for(
+            &path,
+            &dir.path().join("results"),
+            &dir.path().join("cache"),
+            &["full", "naive_rag"],
+        )
+    };
+    let mut lines = Vec::new();
+    run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();
+    // Two jobs: waves of 4 items. The first wave's 4 memories are built together; the fifth
+    // item's is built after the first wave's questions are evaluated and checkpointed.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("building 4 memories, 2 at a time")),
+        "{lines:#?}"
+    );
+    assert!(!lines.iter().any(|l| l.starts_with("building 5")));
+    for variant in ["full", "naive_rag"] {
+        let file = spec
+            .out
+            .join("predictions")
+            .join(format!("{variant}.jsonl"));
+        let items: Vec<String> = std::fs::read_to_string(&file)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<run::Prediction>(l).unwrap().item)
+            .collect();
+        assert_eq!(items.len(), 10, "2 questions x 5 items");
+        let fifth = items.iter().position(|i| i == "conv-4").unwrap();
+        assert_eq!(fifth, 8, "the last wave's predictions come last: {items:?}");
+    }
+    let builds = run::constructions(&spec.out).unwrap();
+    assert_eq!(builds.len(), 10, "a memory and a naive-RAG line per item");
+}
+
+#[test]
 fn a_rebuilt_memory_replays_the_logged_encoder_calls() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset::load(&locomo_file(dir.path())).unwrap();
@@ -416,6 +473,57 @@ fn a_rebuilt_memory_replays_the_logged_encoder_calls() {
             .any(|l| l.contains(&format!("0 made, {} replayed", first.encode_calls))),
         "{lines:#?}"
     );
+    // The second results folder keeps the calls it replayed from the cache.
+    let kept = std::fs::read_to_string(spec2.out.join(run::ENCODER_CALLS)).unwrap();
+    assert_eq!(kept.lines().count() as u64, first.encode_calls);
+}
+
+#[test]
+fn a_stopped_run_continues_on_another_machine_from_its_results_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let b = backends(llm.clone(), miso_judge());
+    let mut spec = spec_for(
+        &dir.path().join("locomo_tiny.json"),
+        &dir.path().join("results"),
+        &dir.path().join("cache"),
+        &["full"],
+    );
+    spec.retrieval_only = true;
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    let first = run::constructions(&spec.out).unwrap()[0].report.clone();
+    let preds = |out: &std::path::Path| {
+        run::predictions(out)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.question_id, serde_json::to_string(&p.evidence).unwrap()))
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let first_preds = preds(&spec.out);
+    assert!(!first_preds.is_empty());
+    // Another machine: no cache; the results folder as committed, its predictions and memory
+    // reports gone (as if the run had stopped before making them).
+    std::fs::remove_dir_all(&spec.cache).unwrap();
+    std::fs::remove_dir_all(spec.out.join("predictions")).unwrap();
+    std::fs::remove_file(spec.out.join("construction.jsonl")).unwrap();
+    let calls = llm.calls();
+    let mut lines = Vec::new();
+    run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();
+    assert_eq!(
+        llm.calls(),
+        calls,
+        "no encoder or planner call made: {lines:#?}"
+    );
+    let again = run::constructions(&spec.out).unwrap()[0].report.clone();
+    assert_eq!(
+        (again.encode_calls, again.prompt_tokens, again.records),
+        (first.encode_calls, first.prompt_tokens, first.records)
+    );
+    assert_eq!(preds(&spec.out), first_preds);
+    // Nothing was logged twice in the results folder.
+    let kept = std::fs::read_to_string(spec.out.join(run::ENCODER_CALLS)).unwrap();
+    assert_eq!(kept.lines().count() as u64, first.encode_calls);
 }
 
 #[test]
