@@ -137,20 +137,32 @@ fn read_log(path: &Path) -> Result<Vec<Entry>> {
 impl Llm for ReplayLlm {
     fn complete(&self, messages: &[ChatMessage], options: &GenerateOptions) -> Result<Completion> {
         let key = self.key(messages, options);
-        {
-            let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((c, in_own_log)) = answers.get_mut(&key) {
-                if !*in_own_log {
-                    let entry = Entry {
-                        key: key.clone(),
-                        completion: c.clone(),
-                    };
-                    self.append(&self.path, &entry)?;
-                    *in_own_log = true;
+        let logged = self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some((completion, in_own_log)) = logged {
+            if !in_own_log {
+                // Copied into this log outside the lock (two threads replaying the same call
+                // may both copy it; the log is read by key, so that is harmless).
+                let entry = Entry {
+                    key,
+                    completion: completion.clone(),
+                };
+                self.append(&self.path, &entry)?;
+                if let Some(a) = self
+                    .answers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_mut(&entry.key)
+                {
+                    a.1 = true;
                 }
-                self.replayed.fetch_add(1, Ordering::Relaxed);
-                return Ok(c.clone());
             }
+            self.replayed.fetch_add(1, Ordering::Relaxed);
+            return Ok(completion);
         }
         let completion = self.inner.complete(messages, options)?;
         self.made.fetch_add(1, Ordering::Relaxed);

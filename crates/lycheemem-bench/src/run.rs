@@ -546,12 +546,33 @@ pub fn run(
                         )?;
                     }
                 }
-                let ns = construct::namespace(dataset.kind, &item.id)?;
-                memories.insert((i, hash.as_str()), (memory, ns));
+                // A memory opened only for its report line is closed again at once.
+                if need_questions {
+                    let ns = construct::namespace(dataset.kind, &item.id)?;
+                    memories.insert((i, hash.as_str()), (memory, ns));
+                }
             }
-            let naive_pending = variants.iter().any(|v| {
-                v.kind == VariantKind::NaiveRag && !pending(v, item, qs, &done).is_empty()
-            });
+            let mut naive_pending = false;
+            for v in variants.iter().filter(|v| v.kind == VariantKind::NaiveRag) {
+                naive_pending |= !pending(v, item, qs, &done).is_empty();
+                // Naive RAG builds nothing an LLM pays for; its report line records the
+                // item's turns, written before its questions so a stopped run never lacks it.
+                if allowed(v, item) && built.insert((v.name.clone(), item.id.clone())) {
+                    append_line(
+                        &spec.out.join("construction.jsonl"),
+                        &ConstructionLine {
+                            variant: v.name.clone(),
+                            report: ConstructionReport {
+                                item: item.id.clone(),
+                                hash: "none".into(),
+                                turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
+                                embedder: base.models.embedder.clone(),
+                                ..Default::default()
+                            },
+                        },
+                    )?;
+                }
+            }
             if naive_pending {
                 indexes.insert(
                     i,
@@ -687,27 +708,6 @@ pub fn run(
         };
         for_each_parallel(spec.jobs, &tasks, evaluate, progress, &mut save)?;
         for_each_parallel(1, &full_context_tasks, evaluate, progress, &mut save)?;
-        // Naive RAG builds nothing an LLM pays for; its report line records the item's turns.
-        for v in variants.iter().filter(|v| v.kind == VariantKind::NaiveRag) {
-            for &(i, _) in wave {
-                let item = &dataset.items[i];
-                if indexes.contains_key(&i) && built.insert((v.name.clone(), item.id.clone())) {
-                    append_line(
-                        &spec.out.join("construction.jsonl"),
-                        &ConstructionLine {
-                            variant: v.name.clone(),
-                            report: ConstructionReport {
-                                item: item.id.clone(),
-                                hash: "none".into(),
-                                turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
-                                embedder: base.models.embedder.clone(),
-                                ..Default::default()
-                            },
-                        },
-                    )?;
-                }
-            }
-        }
     }
     if replay.made() + replay.replayed() > 0 {
         progress(format!(

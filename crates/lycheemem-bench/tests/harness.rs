@@ -410,6 +410,14 @@ fn a_run_over_many_items_goes_in_waves_and_checkpoints_each() {
     }
     let builds = run::constructions(&spec.out).unwrap();
     assert_eq!(builds.len(), 10, "a memory and a naive-RAG line per item");
+    // Report lines lost (a run stopped between a prediction and its line) are written again by
+    // the next run, which has no question left to evaluate and calls no model.
+    std::fs::remove_file(spec.out.join("construction.jsonl")).unwrap();
+    let calls = llm.calls();
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    assert_eq!(llm.calls(), calls);
+    let again = run::constructions(&spec.out).unwrap();
+    assert_eq!(again.len(), 10, "{again:#?}");
 }
 
 #[test]
