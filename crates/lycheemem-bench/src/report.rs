@@ -228,6 +228,24 @@ pub fn runs(out: &Path) -> Result<Vec<RunMeta>> {
     read_lines(&out.join(RUN_LOG))
 }
 
+/// The latest run into `out`: its `run.json`, or, for a folder whose run was killed before it
+/// wrote its reports, the last run recorded in the run log.
+pub fn latest_run(out: &Path) -> Result<RunMeta> {
+    let path = out.join("run.json");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => runs(out)?.pop().with_context(|| {
+            format!(
+                "{} has no run.json and no run recorded in {RUN_LOG}",
+                out.display()
+            )
+        }),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
 /// The variants whose recorded runs used more than one config hash: `(variant, hashes)`.
 fn config_changes(runs: &[RunMeta]) -> Vec<(String, Vec<String>)> {
     let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();

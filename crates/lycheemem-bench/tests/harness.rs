@@ -536,7 +536,7 @@ fn a_stopped_run_continues_on_another_machine_from_its_results_folder() {
 
 #[test]
 fn a_report_lists_every_run_recorded_in_its_folder() {
-    use lycheemem_bench::report::{record_run, runs};
+    use lycheemem_bench::report::{latest_run, record_run, runs};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results");
     let run = |command: &str, hash: &str| RunMeta {
@@ -548,8 +548,11 @@ fn a_report_lists_every_run_recorded_in_its_folder() {
     };
     let first = run("lycheemem bench run --items conv-1", "h1");
     let second = run("lycheemem bench run --items conv-2", "h1");
+    assert!(latest_run(&out).is_err(), "nothing recorded yet");
     record_run(&out, &first).unwrap();
     record_run(&out, &second).unwrap();
+    // Killed before writing its reports: the run log still says which run was the latest.
+    assert_eq!(latest_run(&out).unwrap().command, second.command);
     let md = write_reports(&out, &second).unwrap();
     assert!(
         md.contains("- latest command: `lycheemem bench run --items conv-2`"),
@@ -575,6 +578,6 @@ fn a_report_lists_every_run_recorded_in_its_folder() {
     );
     assert_eq!(runs(&out).unwrap().len(), 3);
     // Regenerating the report (`bench report`) records nothing new.
-    write_reports(&out, &third).unwrap();
+    write_reports(&out, &latest_run(&out).unwrap()).unwrap();
     assert_eq!(runs(&out).unwrap().len(), 3);
 }

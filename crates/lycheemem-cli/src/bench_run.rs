@@ -196,10 +196,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
 }
 
 pub fn report(args: BenchReportArgs) -> Result<()> {
-    let path = args.out.join("run.json");
-    let meta: RunMeta = serde_json::from_slice(
-        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
-    )?;
+    let meta = report::latest_run(&args.out)?;
     println!("{}", lycheemem_bench::write_reports(&args.out, &meta)?);
     Ok(())
 }
