@@ -455,6 +455,8 @@ pub fn run(
     replaying.encode_llm = replay.clone();
     let comps = &replaying;
     let groups = construction_groups(&variants);
+    let construction_hashes: Vec<String> =
+        variants.iter().map(Variant::construction_hash).collect();
     // Items are taken in waves of `WAVE_PER_JOB` × jobs: a wave's missing memories are built first,
     // several at a time (their encoder calls are decoded together by a local LLM), then its
     // questions are planned and evaluated, `jobs` at a time across all its items and variants.
@@ -625,9 +627,8 @@ pub fn run(
             let mut config = v.config.clone();
             let (evidence, mut p) = match v.kind {
                 VariantKind::Memory => {
-                    let hash = v.construction_hash();
                     let (memory, ns) = memories
-                        .get(&(i, hash.as_str()))
+                        .get(&(i, construction_hashes[vi].as_str()))
                         .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
                     let retriever = Retriever {
                         store: memory.store(),
