@@ -11,10 +11,11 @@
 //! calls of the session it was in the middle of are answered from the log when it resumes.
 //!
 //! A benchmark run keeps two logs ([`ReplayLlm::with_shared_log`]): the results folder's own
-//! (`<out>/encoder-calls.jsonl`), which ends up holding every call the folder's memories were
-//! built with, whether made or replayed, and is committed with the report; and the cache's,
-//! shared by every run on the machine. So a fresh clone rebuilds a committed report's memories
-//! without the LLM, and a construction stopped on one machine continues on another.
+//! (`<out>/encoder-calls.jsonl`), which receives every call made or replayed while building a
+//! memory for that folder (a finished memory opened from the cache adds nothing) and is
+//! committed with the report; and the cache's, shared by every run on the machine. So a fresh
+//! clone rebuilds such a report's memories without the LLM, and a construction stopped on one
+//! machine continues on another.
 //!
 //! A replayed completion carries the token counts and latency of the call that produced it, so
 //! construction tokens (SPEC §6) are the same whether or not a call was replayed; the number of
