@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What to run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -457,16 +457,22 @@ pub fn run(
     let groups = construction_groups(&variants);
     let construction_hashes: Vec<String> =
         variants.iter().map(Variant::construction_hash).collect();
-    // Items are taken in waves of `WAVE_PER_JOB` × jobs: a wave's missing memories are built first,
-    // several at a time (their encoder calls are decoded together by a local LLM), then its
-    // questions are planned and evaluated, `jobs` at a time across all its items and variants.
-    // A run over many small items (LongMemEval: one question each) so checkpoints predictions as
-    // it goes instead of after every memory is built.
+    // Items are taken in waves of `WAVE_PER_JOB` × jobs. With several jobs, a builder thread builds
+    // every missing memory in item order, `jobs` at a time (their encoder calls are decoded
+    // together by a local LLM), without waiting for questions: while a wave's questions are
+    // planned and evaluated (`jobs` at a time across its items and variants), the next waves'
+    // memories are being built, so the LLM's batch stays full when a wave's last memories or
+    // questions are few. A run over many small items (LongMemEval: one question each) so
+    // checkpoints predictions wave by wave instead of after every memory is built. With one job,
+    // each memory is built when its wave comes.
     let items: Vec<(usize, &Vec<usize>)> = by_item.iter().map(|(&i, qs)| (i, qs)).collect();
-    for wave in items.chunks(spec.jobs.max(1) * WAVE_PER_JOB) {
-        if spec.jobs > 1 {
-            let mut tasks: Vec<(usize, &str, &Config)> = Vec::new();
-            for &(i, qs) in wave {
+    let waves: Vec<&[(usize, &Vec<usize>)]> =
+        items.chunks(spec.jobs.max(1) * WAVE_PER_JOB).collect();
+    let mut build_tasks: Vec<(usize, usize, &str, &Config)> = Vec::new();
+    let mut unbuilt = vec![0usize; waves.len()];
+    if spec.jobs > 1 {
+        for (w, wave) in waves.iter().enumerate() {
+            for &(i, qs) in *wave {
                 let item = &dataset.items[i];
                 for (hash, group) in &groups {
                     let needed = group.iter().any(|v| {
@@ -475,20 +481,35 @@ pub fn run(
                                 && !built.contains(&(v.name.clone(), item.id.clone())))
                     });
                     if needed && !construct::is_built(&spec.cache, dataset.kind, item, hash) {
-                        tasks.push((i, hash.as_str(), &group[0].config));
+                        build_tasks.push((w, i, hash.as_str(), &group[0].config));
+                        unbuilt[w] += 1;
                     }
                 }
             }
-            if tasks.len() > 1 {
-                progress(format!(
-                    "building {} memories, {} at a time",
-                    tasks.len(),
-                    spec.jobs.min(tasks.len())
-                ));
-                for_each_parallel(
+        }
+    }
+    let stop_building = AtomicBool::new(false);
+    let (lines_tx, lines_rx) = mpsc::channel::<String>();
+    let (built_tx, built_rx) = mpsc::channel::<Result<usize>>();
+    std::thread::scope(|scope| -> Result<()> {
+        if !build_tasks.is_empty() {
+            progress(format!(
+                "building {} memories, {} at a time, ahead of their questions",
+                build_tasks.len(),
+                spec.jobs.min(build_tasks.len())
+            ));
+            let (build_tasks, stop_building) = (&build_tasks, &stop_building);
+            scope.spawn(move || {
+                let mut say = |line: String| {
+                    let _ = lines_tx.send(line);
+                };
+                let result = for_each_parallel(
                     spec.jobs,
-                    &tasks,
-                    |&(i, hash, config), say| {
+                    build_tasks,
+                    |&(w, i, hash, config), say| {
+                        if stop_building.load(Ordering::SeqCst) {
+                            anyhow::bail!("the run stopped");
+                        }
                         construct::build_or_open(
                             &spec.cache,
                             dataset.kind,
@@ -498,218 +519,274 @@ pub fn run(
                             comps.clone(),
                             say,
                         )
-                        .map(|_| ())
+                        .map(|_| w)
                     },
-                    progress,
-                    |(), _| Ok(()),
-                )?;
-            }
-        }
-        // The wave's memories (by item and construction hash) and naive-RAG chunk indexes.
-        let mut memories: HashMap<(usize, &str), (Memory, Namespace)> = HashMap::new();
-        let mut indexes: HashMap<usize, ChunkIndex> = HashMap::new();
-        for &(i, qs) in wave {
-            let item = &dataset.items[i];
-            for (hash, group) in &groups {
-                let need_questions = group
-                    .iter()
-                    .any(|v| !pending(v, item, qs, &done).is_empty());
-                let need_report = group.iter().any(|v| {
-                    allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone()))
-                });
-                if !need_questions && !need_report {
-                    continue;
-                }
-                let (memory, report, cached) = construct::build_or_open(
-                    &spec.cache,
-                    dataset.kind,
-                    item,
-                    &group[0].config,
-                    hash,
-                    comps.clone(),
-                    progress,
-                )?;
-                progress(format!(
-                    "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
-                    item.id,
-                    if cached { "cached" } else { "built" },
-                    report.segments,
-                    report.records,
-                    report.tokens()
-                ));
-                for v in group.iter().filter(|v| allowed(v, item)) {
-                    if built.insert((v.name.clone(), item.id.clone())) {
-                        append_line(
-                            &spec.out.join("construction.jsonl"),
-                            &ConstructionLine {
-                                variant: v.name.clone(),
-                                report: report.clone(),
-                            },
-                        )?;
-                    }
-                }
-                // A memory opened only for its report line is closed again at once.
-                if need_questions {
-                    let ns = construct::namespace(dataset.kind, &item.id)?;
-                    memories.insert((i, hash.as_str()), (memory, ns));
-                }
-            }
-            let mut naive_pending = false;
-            for v in variants.iter().filter(|v| v.kind == VariantKind::NaiveRag) {
-                naive_pending |= !pending(v, item, qs, &done).is_empty();
-                // Naive RAG builds nothing an LLM pays for; its report line records the
-                // item's turns, written before its questions so a stopped run never lacks it.
-                if allowed(v, item) && built.insert((v.name.clone(), item.id.clone())) {
-                    append_line(
-                        &spec.out.join("construction.jsonl"),
-                        &ConstructionLine {
-                            variant: v.name.clone(),
-                            report: ConstructionReport {
-                                item: item.id.clone(),
-                                hash: "none".into(),
-                                turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
-                                embedder: base.models.embedder.clone(),
-                                ..Default::default()
-                            },
-                        },
-                    )?;
-                }
-            }
-            if naive_pending {
-                indexes.insert(
-                    i,
-                    ChunkIndex::build(item, spec.naive_chunk_turns, comps.embedder.as_ref())?,
+                    &mut say,
+                    |w, _| {
+                        let _ = built_tx.send(Ok(w));
+                        Ok(())
+                    },
                 );
-            }
+                if let Err(e) = result {
+                    let _ = built_tx.send(Err(e));
+                }
+            });
+        } else {
+            drop((lines_tx, built_tx));
         }
-        for v in variants.iter().filter(|v| v.plans()) {
-            let questions: Vec<&Question> = wave
-                .iter()
-                .flat_map(|&(i, qs)| {
+        // The builder's progress lines are passed on with the run's own.
+        let mut say = |line: String| {
+            for earlier in lines_rx.try_iter() {
+                progress(earlier);
+            }
+            progress(line);
+        };
+        let progress: &mut dyn FnMut(String) = &mut say;
+        let result = (|| -> Result<()> {
+            for (w, &wave) in waves.iter().enumerate() {
+                while unbuilt[w] > 0 {
+                    match built_rx.try_recv() {
+                        Ok(Ok(x)) => unbuilt[x] -= 1,
+                        Ok(Err(e)) => return Err(e),
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            anyhow::bail!("the memory builder stopped before wave {w}'s memories")
+                        }
+                        Err(mpsc::TryRecvError::Empty) => {
+                            if let Ok(line) = lines_rx.recv_timeout(Duration::from_millis(200)) {
+                                progress(line);
+                            }
+                        }
+                    }
+                }
+                // The wave's memories (by item and construction hash) and naive-RAG chunk indexes.
+                let mut memories: HashMap<(usize, &str), (Memory, Namespace)> = HashMap::new();
+                let mut indexes: HashMap<usize, ChunkIndex> = HashMap::new();
+                for &(i, qs) in wave {
                     let item = &dataset.items[i];
-                    pending(v, item, qs, &done)
-                        .into_iter()
-                        .map(move |j| &item.questions[j])
-                })
-                .collect();
-            prefetch_plans(
-                &questions,
-                v,
-                comps,
-                &mut plan_logs,
-                &mut plans,
-                spec.jobs,
-                progress,
-            )?;
-        }
-        // (item, variant, question) to evaluate; `full_context` apart, one at a time, so every
-        // call reuses the cached history prefix and prefills only its question.
-        let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
-        let mut full_context_tasks: Vec<(usize, usize, usize)> = Vec::new();
-        for &(i, qs) in wave {
-            for (vi, v) in variants.iter().enumerate() {
-                for j in pending(v, &dataset.items[i], qs, &done) {
-                    if v.kind == VariantKind::FullContext {
-                        full_context_tasks.push((i, vi, j));
-                    } else {
-                        tasks.push((i, vi, j));
+                    for (hash, group) in &groups {
+                        let need_questions = group
+                            .iter()
+                            .any(|v| !pending(v, item, qs, &done).is_empty());
+                        let need_report = group.iter().any(|v| {
+                            allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone()))
+                        });
+                        if !need_questions && !need_report {
+                            continue;
+                        }
+                        let (memory, report, cached) = construct::build_or_open(
+                            &spec.cache,
+                            dataset.kind,
+                            item,
+                            &group[0].config,
+                            hash,
+                            comps.clone(),
+                            progress,
+                        )?;
+                        progress(format!(
+                            "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
+                            item.id,
+                            if cached { "cached" } else { "built" },
+                            report.segments,
+                            report.records,
+                            report.tokens()
+                        ));
+                        for v in group.iter().filter(|v| allowed(v, item)) {
+                            if built.insert((v.name.clone(), item.id.clone())) {
+                                append_line(
+                                    &spec.out.join("construction.jsonl"),
+                                    &ConstructionLine {
+                                        variant: v.name.clone(),
+                                        report: report.clone(),
+                                    },
+                                )?;
+                            }
+                        }
+                        // A memory opened only for its report line is closed again at once.
+                        if need_questions {
+                            let ns = construct::namespace(dataset.kind, &item.id)?;
+                            memories.insert((i, hash.as_str()), (memory, ns));
+                        }
+                    }
+                    let mut naive_pending = false;
+                    for v in variants.iter().filter(|v| v.kind == VariantKind::NaiveRag) {
+                        naive_pending |= !pending(v, item, qs, &done).is_empty();
+                        // Naive RAG builds nothing an LLM pays for; its report line records the
+                        // item's turns, written before its questions so a stopped run never lacks it.
+                        if allowed(v, item) && built.insert((v.name.clone(), item.id.clone())) {
+                            append_line(
+                                &spec.out.join("construction.jsonl"),
+                                &ConstructionLine {
+                                    variant: v.name.clone(),
+                                    report: ConstructionReport {
+                                        item: item.id.clone(),
+                                        hash: "none".into(),
+                                        turns: item
+                                            .sessions
+                                            .iter()
+                                            .map(|s| s.turns.len() as u64)
+                                            .sum(),
+                                        embedder: base.models.embedder.clone(),
+                                        ..Default::default()
+                                    },
+                                },
+                            )?;
+                        }
+                    }
+                    if naive_pending {
+                        indexes.insert(
+                            i,
+                            ChunkIndex::build(
+                                item,
+                                spec.naive_chunk_turns,
+                                comps.embedder.as_ref(),
+                            )?,
+                        );
                     }
                 }
-            }
-        }
-        let (plans, memories, indexes) = (&plans, &memories, &indexes);
-        let evaluate = |&(i, vi, j): &(usize, usize, usize),
-                        _: &mut dyn FnMut(String)|
-         -> Result<Prediction> {
-            let (item, v) = (&dataset.items[i], &variants[vi]);
-            let q = &item.questions[j];
-            let clock_q = Instant::now();
-            let mut config = v.config.clone();
-            let (evidence, mut p) = match v.kind {
-                VariantKind::Memory => {
-                    let (memory, ns) = memories
-                        .get(&(i, construction_hashes[vi].as_str()))
-                        .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
-                    let retriever = Retriever {
-                        store: memory.store(),
-                        embedder: comps.embedder.as_ref(),
-                        reranker: comps.reranker.as_deref(),
-                        planner: None,
-                        cfg: &v.config.retrieval,
-                    };
-                    let cached_plan = if v.plans() {
-                        let key = plan_key(q, v, comps);
-                        Some(plans.get(&key).cloned().ok_or_else(|| {
-                            anyhow::anyhow!("no plan was made for question {}", q.id)
-                        })?)
-                    } else {
-                        None
-                    };
-                    let result = retriever.search(
-                        ns,
-                        &SearchRequest {
-                            question: &q.question,
-                            context: "",
-                            reference_date: q.date.as_deref(),
-                            top_k: spec.top_k,
-                            plan: cached_plan.as_ref().map(|p| &p.plan),
-                        },
-                    )?;
-                    let retrieval_ms: f64 = result
-                        .timings
+                for v in variants.iter().filter(|v| v.plans()) {
+                    let questions: Vec<&Question> = wave
                         .iter()
-                        .filter(|(k, _)| **k != "plan")
-                        .map(|(_, v)| v)
-                        .sum();
-                    let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
-                    if let Some(c) = &cached_plan {
-                        p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
-                        p.llm_calls += u32::from(c.usage.is_some());
-                        p.plan_fallback.clone_from(&c.fallback);
-                    } else {
-                        p.plan_fallback = Some("planner disabled".into());
+                        .flat_map(|&(i, qs)| {
+                            let item = &dataset.items[i];
+                            pending(v, item, qs, &done)
+                                .into_iter()
+                                .map(move |j| &item.questions[j])
+                        })
+                        .collect();
+                    prefetch_plans(
+                        &questions,
+                        v,
+                        comps,
+                        &mut plan_logs,
+                        &mut plans,
+                        spec.jobs,
+                        progress,
+                    )?;
+                }
+                // (item, variant, question) to evaluate; `full_context` apart, one at a time, so every
+                // call reuses the cached history prefix and prefills only its question.
+                let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
+                let mut full_context_tasks: Vec<(usize, usize, usize)> = Vec::new();
+                for &(i, qs) in wave {
+                    for (vi, v) in variants.iter().enumerate() {
+                        for j in pending(v, &dataset.items[i], qs, &done) {
+                            if v.kind == VariantKind::FullContext {
+                                full_context_tasks.push((i, vi, j));
+                            } else {
+                                tasks.push((i, vi, j));
+                            }
+                        }
                     }
-                    (result.evidence, p)
                 }
-                VariantKind::NaiveRag => {
-                    let index = indexes
-                        .get(&i)
-                        .ok_or_else(|| anyhow::anyhow!("no chunk index built for {}", item.id))?;
-                    let evidence =
-                        index.search(&q.question, spec.top_k.max(1), comps.embedder.as_ref())?;
-                    let ms = clock_q.elapsed().as_secs_f64() * 1e3;
-                    let p = base_prediction(v, item, q, &evidence, ms);
-                    (evidence, p)
-                }
-                VariantKind::FullContext => {
-                    let context = comps.answer_llm.context_length().unwrap_or(32_768);
-                    let budget = context.saturating_sub(spec.full_context_reserve);
-                    let (evidence, dropped) = baseline::full_context(item, budget)?;
-                    config.answer.evidence_item_chars = usize::MAX;
-                    let ms = clock_q.elapsed().as_secs_f64() * 1e3;
-                    let mut p = base_prediction(v, item, q, &evidence, ms);
-                    p.note = (dropped > 0).then(|| {
-                        format!(
-                            "truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens",
-                            evidence.len()
-                        )
-                    });
-                    (evidence, p)
-                }
-            };
-            finish(&mut p, dataset.kind, q, &evidence, &config, spec, backends)?;
-            Ok(p)
-        };
-        let mut save = |p: Prediction, progress: &mut dyn FnMut(String)| {
-            let file = spec
-                .out
-                .join("predictions")
-                .join(format!("{}.jsonl", p.variant));
-            checkpoint(&file, p, &mut clock, &mut done, progress)
-        };
-        for_each_parallel(spec.jobs, &tasks, evaluate, progress, &mut save)?;
-        for_each_parallel(1, &full_context_tasks, evaluate, progress, &mut save)?;
-    }
+                let (plans, memories, indexes) = (&plans, &memories, &indexes);
+                let evaluate = |&(i, vi, j): &(usize, usize, usize),
+                                _: &mut dyn FnMut(String)|
+                 -> Result<Prediction> {
+                    let (item, v) = (&dataset.items[i], &variants[vi]);
+                    let q = &item.questions[j];
+                    let clock_q = Instant::now();
+                    let mut config = v.config.clone();
+                    let (evidence, mut p) = match v.kind {
+                        VariantKind::Memory => {
+                            let (memory, ns) = memories
+                                .get(&(i, construction_hashes[vi].as_str()))
+                                .ok_or_else(|| {
+                                    anyhow::anyhow!("no memory opened for {}", item.id)
+                                })?;
+                            let retriever = Retriever {
+                                store: memory.store(),
+                                embedder: comps.embedder.as_ref(),
+                                reranker: comps.reranker.as_deref(),
+                                planner: None,
+                                cfg: &v.config.retrieval,
+                            };
+                            let cached_plan = if v.plans() {
+                                let key = plan_key(q, v, comps);
+                                Some(plans.get(&key).cloned().ok_or_else(|| {
+                                    anyhow::anyhow!("no plan was made for question {}", q.id)
+                                })?)
+                            } else {
+                                None
+                            };
+                            let result = retriever.search(
+                                ns,
+                                &SearchRequest {
+                                    question: &q.question,
+                                    context: "",
+                                    reference_date: q.date.as_deref(),
+                                    top_k: spec.top_k,
+                                    plan: cached_plan.as_ref().map(|p| &p.plan),
+                                },
+                            )?;
+                            let retrieval_ms: f64 = result
+                                .timings
+                                .iter()
+                                .filter(|(k, _)| **k != "plan")
+                                .map(|(_, v)| v)
+                                .sum();
+                            let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
+                            if let Some(c) = &cached_plan {
+                                p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
+                                p.llm_calls += u32::from(c.usage.is_some());
+                                p.plan_fallback.clone_from(&c.fallback);
+                            } else {
+                                p.plan_fallback = Some("planner disabled".into());
+                            }
+                            (result.evidence, p)
+                        }
+                        VariantKind::NaiveRag => {
+                            let index = indexes.get(&i).ok_or_else(|| {
+                                anyhow::anyhow!("no chunk index built for {}", item.id)
+                            })?;
+                            let evidence = index.search(
+                                &q.question,
+                                spec.top_k.max(1),
+                                comps.embedder.as_ref(),
+                            )?;
+                            let ms = clock_q.elapsed().as_secs_f64() * 1e3;
+                            let p = base_prediction(v, item, q, &evidence, ms);
+                            (evidence, p)
+                        }
+                        VariantKind::FullContext => {
+                            let context = comps.answer_llm.context_length().unwrap_or(32_768);
+                            let budget = context.saturating_sub(spec.full_context_reserve);
+                            let (evidence, dropped) = baseline::full_context(item, budget)?;
+                            config.answer.evidence_item_chars = usize::MAX;
+                            let ms = clock_q.elapsed().as_secs_f64() * 1e3;
+                            let mut p = base_prediction(v, item, q, &evidence, ms);
+                            p.note = (dropped > 0).then(|| {
+                                format!(
+                                    "truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens",
+                                    evidence.len()
+                                )
+                            });
+                            (evidence, p)
+                        }
+                    };
+                    finish(&mut p, dataset.kind, q, &evidence, &config, spec, backends)?;
+                    Ok(p)
+                };
+                let mut save = |p: Prediction, progress: &mut dyn FnMut(String)| {
+                    let file = spec
+                        .out
+                        .join("predictions")
+                        .join(format!("{}.jsonl", p.variant));
+                    checkpoint(&file, p, &mut clock, &mut done, progress)
+                };
+                for_each_parallel(spec.jobs, &tasks, evaluate, progress, &mut save)?;
+                for_each_parallel(1, &full_context_tasks, evaluate, progress, &mut save)?;
+            }
+            Ok(())
+        })();
+        if result.is_err() && !build_tasks.is_empty() {
+            stop_building.store(true, Ordering::SeqCst);
+            progress("stopping: memory builds in progress finish first (they stay cached)".into());
+        }
+        for line in lines_rx.try_iter() {
+            progress(line);
+        }
+        result
+    })?;
     if replay.made() + replay.replayed() > 0 {
         progress(format!(
             "encoder calls: {} made, {} replayed ({} logged in {} and {})",

@@ -4,10 +4,13 @@
 
 use lycheemem::Components;
 use lycheemem_bench::run::{self, Backends, RunSpec};
-use lycheemem_bench::{RunMeta, dataset, write_reports};
-use lycheemem_core::Config;
+use lycheemem_bench::{RunMeta, Variant, construct, dataset, write_reports};
+use lycheemem_core::{Config, Result as LlmResult};
+use lycheemem_llm::{ChatMessage, Completion, GenerateOptions, Llm};
 use lycheemem_testkit::{HashEmbedder, ScriptedLlm};
+use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 fn locomo_file(dir: &std::path::Path) -> std::path::PathBuf {
     let turns1 = serde_json::json!([
@@ -355,16 +358,77 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
     );
 }
 
+/// The encoder: passes calls on and notes when one has seen `marker`.
+struct WatchingEncoder {
+    inner: Arc<ScriptedLlm>,
+    marker: &'static str,
+    seen: Arc<AtomicBool>,
+}
+
+impl Llm for WatchingEncoder {
+    fn complete(
+        &self,
+        messages: &[ChatMessage],
+        options: &GenerateOptions,
+    ) -> LlmResult<Completion> {
+        if messages.iter().any(|m| m.content.contains(self.marker)) {
+            self.seen.store(true, Ordering::SeqCst);
+        }
+        self.inner.complete(messages, options)
+    }
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+    fn context_length(&self) -> Option<usize> {
+        self.inner.context_length()
+    }
+}
+
+/// The planner: each call waits (30 s at most) until the encoder has seen its marker, and notes
+/// when it gave up waiting.
+struct WaitingPlanner {
+    inner: Arc<ScriptedLlm>,
+    seen: Arc<AtomicBool>,
+    gave_up: Arc<AtomicBool>,
+}
+
+impl Llm for WaitingPlanner {
+    fn complete(
+        &self,
+        messages: &[ChatMessage],
+        options: &GenerateOptions,
+    ) -> LlmResult<Completion> {
+        let start = std::time::Instant::now();
+        while !self.seen.load(Ordering::SeqCst) {
+            if start.elapsed() > std::time::Duration::from_secs(30) {
+                self.gave_up.store(true, Ordering::SeqCst);
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.inner.complete(messages, options)
+    }
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+    fn context_length(&self) -> Option<usize> {
+        self.inner.context_length()
+    }
+}
+
 #[test]
-fn a_run_over_many_items_goes_in_waves_and_checkpoints_each() {
+fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
     let dir = tempfile::tempdir().unwrap();
     let one = locomo_file(dir.path());
     let data: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
+    // Five conversations, each with a line of its own (so none replays another's encoder calls).
     let items: Vec<serde_json::Value> = (0..5)
         .map(|n| {
             let mut item = data[0].clone();
             item["sample_id"] = format!("conv-{n}").into();
+            item["conversation"]["session_2"][1]["text"] =
+                format!("Good luck with the marathon training! Note {n}: zq{n}x.").into();
             item
         })
         .collect();
@@ -372,7 +436,23 @@ fn a_run_over_many_items_goes_in_waves_and_checkpoints_each() {
     std::fs::write(&path, serde_json::Value::from(items).to_string()).unwrap();
     let data = dataset::load(&path).unwrap();
     let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
-    let b = backends(llm.clone(), miso_judge());
+    let mut b = backends(llm.clone(), miso_judge());
+    // The first wave's questions are planned only once the fifth conversation's memory is being
+    // built: memories are built ahead, not after the wave's questions.
+    let (seen, gave_up) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    b.components.encode_llm = Arc::new(WatchingEncoder {
+        inner: llm.clone(),
+        marker: "zq4x",
+        seen: seen.clone(),
+    });
+    b.components.plan_llm = Arc::new(WaitingPlanner {
+        inner: llm.clone(),
+        seen: seen.clone(),
+        gave_up: gave_up.clone(),
+    });
     let spec = RunSpec {
         jobs: 2,
         retrieval_only: true,
@@ -385,15 +465,19 @@ fn a_run_over_many_items_goes_in_waves_and_checkpoints_each() {
     };
     let mut lines = Vec::new();
     run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();
-    // Two jobs: waves of 4 items. The first wave's 4 memories are built together; the fifth
-    // item's is built after the first wave's questions are evaluated and checkpointed.
+    // Two jobs: waves of 4 items. All 5 memories are built 2 at a time, ahead of the questions;
+    // the fifth item's questions are evaluated with the second wave.
     assert!(
         lines
             .iter()
-            .any(|l| l.starts_with("building 4 memories, 2 at a time")),
+            .any(|l| l.starts_with("building 5 memories, 2 at a time, ahead of their questions")),
         "{lines:#?}"
     );
-    assert!(!lines.iter().any(|l| l.starts_with("building 5")));
+    assert!(seen.load(Ordering::SeqCst));
+    assert!(
+        !gave_up.load(Ordering::SeqCst),
+        "the first wave was planned before the fifth memory was started"
+    );
     for variant in ["full", "naive_rag"] {
         let file = spec
             .out
@@ -418,6 +502,54 @@ fn a_run_over_many_items_goes_in_waves_and_checkpoints_each() {
     assert_eq!(llm.calls(), calls);
     let again = run::constructions(&spec.out).unwrap();
     assert_eq!(again.len(), 10, "{again:#?}");
+}
+
+#[test]
+fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = locomo_file(dir.path());
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
+    let items: Vec<serde_json::Value> = (0..5)
+        .map(|n| {
+            let mut item = data[0].clone();
+            item["sample_id"] = format!("conv-{n}").into();
+            item["conversation"]["session_2"][1]["text"] =
+                format!("Good luck with the marathon training! Note {n}: zq{n}x.").into();
+            item
+        })
+        .collect();
+    let path = dir.path().join("locomo_five.json");
+    std::fs::write(&path, serde_json::Value::from(items).to_string()).unwrap();
+    let data = dataset::load(&path).unwrap();
+    let b = backends(Arc::new(ScriptedLlm::pipeline("Miso")), miso_judge());
+    let spec = RunSpec {
+        jobs: 2,
+        retrieval_only: true,
+        ..spec_for(
+            &path,
+            &dir.path().join("results"),
+            &dir.path().join("cache"),
+            &["full"],
+        )
+    };
+    // The fifth conversation's memory cannot be opened: a file is where its folder goes.
+    let hash = Variant::new("full", &Config::default())
+        .unwrap()
+        .construction_hash();
+    let (folder, _) = construct::paths(&spec.cache, data.kind, "conv-4", &hash);
+    std::fs::create_dir_all(&spec.cache).unwrap();
+    std::fs::write(&folder, "not a memory").unwrap();
+    let err = run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap_err();
+    assert!(format!("{err:#}").contains("locomo.conv-4"), "{err:#}");
+    // The fifth memory failed; the first wave's questions were still evaluated and saved.
+    let items: BTreeSet<String> = run::predictions(&spec.out)
+        .unwrap()
+        .into_iter()
+        .map(|p| p.item)
+        .collect();
+    let first_wave: BTreeSet<String> = (0..4).map(|n| format!("conv-{n}")).collect();
+    assert_eq!(items, first_wave);
 }
 
 #[test]
