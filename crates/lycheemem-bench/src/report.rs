@@ -8,7 +8,7 @@ use crate::run::{
 use crate::variant::VARIANTS;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -146,6 +146,35 @@ pub fn summarize(preds: &[Prediction], builds: &[ConstructionLine]) -> Vec<Varia
     out
 }
 
+/// The predictions of the questions every variant in `preds` answered (by item and question
+/// id), or `None` when the variants already cover the same questions. Variants run on
+/// different subsets (an item added for some variants only, a run stopped part way) are
+/// compared on equal terms only over these.
+pub fn common_questions(preds: &[Prediction]) -> Option<Vec<Prediction>> {
+    let mut by_variant: BTreeMap<&str, BTreeSet<(&str, &str)>> = BTreeMap::new();
+    for p in preds {
+        by_variant
+            .entry(p.variant.as_str())
+            .or_default()
+            .insert((p.item.as_str(), p.question_id.as_str()));
+    }
+    let mut sets = by_variant.values();
+    let first = sets.next()?;
+    let common: BTreeSet<(&str, &str)> = sets.fold(first.clone(), |acc, s| {
+        acc.intersection(s).copied().collect()
+    });
+    if by_variant.values().all(|s| s.len() == common.len()) {
+        return None;
+    }
+    Some(
+        preds
+            .iter()
+            .filter(|p| common.contains(&(p.item.as_str(), p.question_id.as_str())))
+            .cloned()
+            .collect(),
+    )
+}
+
 fn pct(m: &Mean) -> String {
     m.value()
         .map_or_else(|| "—".into(), |v| format!("{:.1}", 100.0 * v))
@@ -180,17 +209,27 @@ fn category_table(
     metric: fn(&Scores) -> &Mean,
 ) {
     let cats = category_order(sums);
+    // A category's question count goes in its header when every variant has the same, and
+    // next to each value otherwise.
+    let shared_n: Vec<Option<usize>> = cats
+        .iter()
+        .map(|c| {
+            let mut ns = sums
+                .iter()
+                .map(|s| s.categories.get(c).map_or(0, |x| metric(x).n));
+            let first = ns.next()?;
+            ns.all(|n| n == first).then_some(first)
+        })
+        .collect();
     let _ = writeln!(out, "\n### {title}\n");
     let _ = writeln!(
         out,
         "| variant | {} | overall |",
         cats.iter()
-            .map(|c| {
-                let n = sums
-                    .iter()
-                    .find_map(|s| s.categories.get(c).map(|x| x.questions))
-                    .unwrap_or(0);
-                format!("{c} (n={n})")
+            .zip(&shared_n)
+            .map(|(c, n)| match n {
+                Some(n) => format!("{c} (n={n})"),
+                None => format!("{c} (n per value)"),
             })
             .collect::<Vec<_>>()
             .join(" | ")
@@ -199,7 +238,12 @@ fn category_table(
     for s in sums {
         let cells: Vec<String> = cats
             .iter()
-            .map(|c| s.categories.get(c).map_or("—".into(), |x| pct(metric(x))))
+            .zip(&shared_n)
+            .map(|(c, shared)| match (s.categories.get(c), shared) {
+                (None, _) => "—".into(),
+                (Some(x), Some(_)) => pct(metric(x)),
+                (Some(x), None) => format!("{} (n={})", pct(metric(x)), metric(x).n),
+            })
             .collect();
         let _ = writeln!(
             out,
@@ -302,6 +346,7 @@ pub fn markdown(
     meta: &RunMeta,
     runs: &[RunMeta],
     sums: &[VariantSummary],
+    common: Option<&[VariantSummary]>,
     builds: &[ConstructionLine],
 ) -> String {
     let mut out = String::new();
@@ -372,6 +417,9 @@ pub fn markdown(
     if sums.iter().any(|s| s.overall.f1.n > 0) {
         category_table(&mut out, "Token F1 by category (%)", sums, |s| &s.f1);
     }
+    if let Some(common) = common {
+        common_section(&mut out, common);
+    }
     if !builds.is_empty() {
         let _ = writeln!(out, "\n## Construction per item\n");
         let _ = writeln!(
@@ -411,6 +459,54 @@ pub fn markdown(
         "\nPlots: `quality_vs_construction_tokens.svg`, `categories.svg`. Every prediction with its evidence ids, verdict and tokens: `predictions/<variant>.jsonl`."
     );
     out
+}
+
+/// Scores over the questions every variant answered (see [`common_questions`]).
+fn common_section(out: &mut String, common: &[VariantSummary]) {
+    let n = common.first().map_or(0, |s| s.overall.questions);
+    let _ = writeln!(out, "\n## On the questions every variant answered\n");
+    let _ = writeln!(
+        out,
+        "The variants above were evaluated on different questions (some on more items than \
+         others, or a run stopped part way); over the {n} questions that every variant \
+         answered they compare on equal terms:\n"
+    );
+    let _ = writeln!(
+        out,
+        "| variant | questions | evidence recall@k | session recall | judge accuracy | F1 |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    for s in common {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            s.variant,
+            s.overall.questions,
+            pct(&s.overall.recall),
+            pct(&s.overall.session_recall),
+            pct(&s.overall.accuracy),
+            pct(&s.overall.f1)
+        );
+    }
+    if n == 0 {
+        return;
+    }
+    if common.iter().any(|s| s.overall.recall.n > 0) {
+        category_table(
+            out,
+            "Evidence recall@k by category, common questions (%)",
+            common,
+            |s| &s.recall,
+        );
+    }
+    if common.iter().any(|s| s.overall.accuracy.n > 0) {
+        category_table(
+            out,
+            "Judge accuracy by category, common questions (%)",
+            common,
+            |s| &s.accuracy,
+        );
+    }
 }
 
 fn esc(s: &str) -> String {
@@ -565,18 +661,31 @@ pub fn svg_categories(sums: &[VariantSummary]) -> String {
     svg
 }
 
-/// Writes `run.json`, `summary.json`, `summary.md` and the plots into `out`; returns the
-/// Markdown.
+/// Scores over the questions every variant answered (written when the variants' questions
+/// differ; see [`common_questions`]).
+pub const COMMON_SUMMARY: &str = "summary_common_questions.json";
+
+/// Writes `run.json`, `summary.json` (and `summary_common_questions.json`), `summary.md` and
+/// the plots into `out`; returns the Markdown.
 pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
     let preds = predictions(out)?;
     let builds = constructions(out)?;
     let sums = summarize(&preds, &builds);
-    let md = markdown(meta, &runs(out)?, &sums, &builds);
+    let common = common_questions(&preds).map(|c| summarize(&c, &[]));
+    let md = markdown(meta, &runs(out)?, &sums, common.as_deref(), &builds);
     let write = |name: &str, body: &[u8]| -> Result<()> {
         std::fs::write(out.join(name), body).with_context(|| format!("writing {name}"))
     };
     write("run.json", &serde_json::to_vec_pretty(meta)?)?;
     write("summary.json", &serde_json::to_vec_pretty(&sums)?)?;
+    // Scores over the questions every variant answered, when the variants' questions differ.
+    let common_file = out.join(COMMON_SUMMARY);
+    match &common {
+        Some(c) => write(COMMON_SUMMARY, &serde_json::to_vec_pretty(c)?)?,
+        None if common_file.exists() => std::fs::remove_file(&common_file)
+            .with_context(|| format!("removing {}", common_file.display()))?,
+        None => {}
+    }
     write("summary.md", md.as_bytes())?;
     write(
         "quality_vs_construction_tokens.svg",
@@ -631,4 +740,53 @@ pub fn machine() -> String {
             format!(", {:.0} GiB", kb / 1024.0 / 1024.0)
         });
     format!("{cpu}, {cores} cores{mem}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prediction(variant: &str, item: &str, q: &str, recall: f64) -> Prediction {
+        Prediction {
+            variant: variant.into(),
+            item: item.into(),
+            question_id: q.into(),
+            category: "single_hop".into(),
+            recall: Some(recall),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn variants_on_different_questions_are_also_compared_on_the_common_ones() {
+        // `full` answered two items' questions, `naive_rag` three items'.
+        let mut preds = vec![
+            prediction("full", "a", "a-q1", 1.0),
+            prediction("full", "b", "b-q1", 0.0),
+        ];
+        for (item, recall) in [("a", 0.0), ("b", 1.0), ("c", 1.0)] {
+            preds.push(prediction("naive_rag", item, &format!("{item}-q1"), recall));
+        }
+        let common = common_questions(&preds).unwrap();
+        assert_eq!(common.len(), 4);
+        assert!(common.iter().all(|p| p.item != "c"));
+        let sums = summarize(&preds, &[]);
+        let common_sums = summarize(&common, &[]);
+        let md = markdown(&RunMeta::default(), &[], &sums, Some(&common_sums), &[]);
+        // Over everything naive RAG scores 66.7 on 3 questions; on the 2 common ones, 50.0.
+        assert!(md.contains("single_hop (n per value)"), "{md}");
+        assert!(md.contains("| naive_rag | 66.7 (n=3) | 66.7 |"), "{md}");
+        assert!(
+            md.contains("## On the questions every variant answered"),
+            "{md}"
+        );
+        assert!(md.contains("| naive_rag | 2 | 50.0 |"), "{md}");
+        assert!(md.contains("| full | 2 | 50.0 |"), "{md}");
+        // Variants on the same questions need no second table.
+        preds.pop();
+        assert!(common_questions(&preds).is_none());
+        let md = markdown(&RunMeta::default(), &[], &summarize(&preds, &[]), None, &[]);
+        assert!(md.contains("single_hop (n=2)"), "{md}");
+        assert!(!md.contains("every variant answered"), "{md}");
+    }
 }

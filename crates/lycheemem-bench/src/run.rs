@@ -95,7 +95,7 @@ pub struct EvidenceRef {
 }
 
 /// One checkpointed prediction.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Prediction {
     pub variant: String,
     pub item: String,
