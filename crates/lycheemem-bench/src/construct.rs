@@ -11,6 +11,7 @@ use lycheemem::{Components, Memory};
 use lycheemem_core::{Config, Namespace, Purpose, SessionId};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// What building one memory cost (SPEC §6 construction cost).
@@ -82,7 +83,9 @@ struct Partial {
 }
 
 /// Opens the item's memory, building what is missing first. `progress` receives one line per
-/// session built.
+/// session built. When `stop` is set, the build stops (with an error) before its next session;
+/// what it built so far stays and a later call continues from there.
+#[allow(clippy::too_many_arguments)]
 pub fn build_or_open(
     cache: &Path,
     kind: DatasetKind,
@@ -90,6 +93,7 @@ pub fn build_or_open(
     config: &Config,
     hash: &str,
     components: Components,
+    stop: Option<&AtomicBool>,
     progress: &mut dyn FnMut(String),
 ) -> Result<(Memory, ConstructionReport, bool)> {
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
@@ -127,6 +131,13 @@ pub fn build_or_open(
     for (n, s) in item.sessions.iter().enumerate() {
         if s.turns.is_empty() {
             continue;
+        }
+        if stop.is_some_and(|stop| stop.load(Ordering::SeqCst)) {
+            anyhow::bail!(
+                "building {}'s memory stopped before session {} of {total}",
+                item.id,
+                n + 1
+            );
         }
         let sid = SessionId::new(s.id.clone())?;
         let done = stored.get(&s.id).copied().unwrap_or(0) as usize;

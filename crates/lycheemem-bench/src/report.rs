@@ -253,6 +253,10 @@ fn category_table(
             pct(metric(&s.overall))
         );
     }
+    let _ = writeln!(
+        out,
+        "\nn: the questions the metric applies to (evidence recall: those with gold evidence)."
+    );
 }
 
 /// The folder's run log: one line per `bench run` into it, oldest first.
@@ -671,7 +675,16 @@ pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
     let preds = predictions(out)?;
     let builds = constructions(out)?;
     let sums = summarize(&preds, &builds);
-    let common = common_questions(&preds).map(|c| summarize(&c, &[]));
+    let common = common_questions(&preds).map(|c| {
+        // Construction figures over the common questions' items only.
+        let items: BTreeSet<&str> = c.iter().map(|p| p.item.as_str()).collect();
+        let builds: Vec<ConstructionLine> = builds
+            .iter()
+            .filter(|b| items.contains(b.report.item.as_str()))
+            .cloned()
+            .collect();
+        summarize(&c, &builds)
+    });
     let md = markdown(meta, &runs(out)?, &sums, common.as_deref(), &builds);
     let write = |name: &str, body: &[u8]| -> Result<()> {
         std::fs::write(out.join(name), body).with_context(|| format!("writing {name}"))

@@ -489,16 +489,22 @@ pub fn run(
         }
     }
     let stop_building = AtomicBool::new(false);
+    let builder_finished = AtomicBool::new(false);
     let (lines_tx, lines_rx) = mpsc::channel::<String>();
-    let (built_tx, built_rx) = mpsc::channel::<Result<usize>>();
+    // (wave, item, construction hash) of each memory built, or the builder's error.
+    let (built_tx, built_rx) = mpsc::channel::<Result<(usize, usize, String)>>();
     std::thread::scope(|scope| -> Result<()> {
+        // However the calling thread leaves (an error, a panic), the builder starts no new
+        // memory and stops the ones in progress at their next session.
+        let _stop = SetOnDrop(&stop_building);
         if !build_tasks.is_empty() {
             progress(format!(
                 "building {} memories, {} at a time, ahead of their questions",
                 build_tasks.len(),
                 spec.jobs.min(build_tasks.len())
             ));
-            let (build_tasks, stop_building) = (&build_tasks, &stop_building);
+            let (build_tasks, stop_building, builder_finished) =
+                (&build_tasks, &stop_building, &builder_finished);
             scope.spawn(move || {
                 let mut say = |line: String| {
                     let _ = lines_tx.send(line);
@@ -517,16 +523,18 @@ pub fn run(
                             config,
                             hash,
                             comps.clone(),
+                            Some(stop_building),
                             say,
                         )
-                        .map(|_| w)
+                        .map(|_| (w, i, hash.to_string()))
                     },
                     &mut say,
-                    |w, _| {
-                        let _ = built_tx.send(Ok(w));
+                    |built, _| {
+                        let _ = built_tx.send(Ok(built));
                         Ok(())
                     },
                 );
+                builder_finished.store(true, Ordering::SeqCst);
                 if let Err(e) = result {
                     let _ = built_tx.send(Err(e));
                 }
@@ -542,11 +550,16 @@ pub fn run(
             progress(line);
         };
         let progress: &mut dyn FnMut(String) = &mut say;
+        // Memories the builder made in this run (the calling thread then opens them cached).
+        let mut fresh: HashSet<(usize, String)> = HashSet::new();
         let result = (|| -> Result<()> {
             for (w, &wave) in waves.iter().enumerate() {
                 while unbuilt[w] > 0 {
                     match built_rx.try_recv() {
-                        Ok(Ok(x)) => unbuilt[x] -= 1,
+                        Ok(Ok((x, i, hash))) => {
+                            unbuilt[x] -= 1;
+                            fresh.insert((i, hash));
+                        }
                         Ok(Err(e)) => return Err(e),
                         Err(mpsc::TryRecvError::Disconnected) => {
                             anyhow::bail!("the memory builder stopped before wave {w}'s memories")
@@ -580,8 +593,10 @@ pub fn run(
                             &group[0].config,
                             hash,
                             comps.clone(),
+                            None,
                             progress,
                         )?;
+                        let cached = cached && !fresh.contains(&(i, hash.clone()));
                         progress(format!(
                             "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
                             item.id,
@@ -778,11 +793,15 @@ pub fn run(
             }
             Ok(())
         })();
-        if result.is_err() && !build_tasks.is_empty() {
-            stop_building.store(true, Ordering::SeqCst);
-            progress("stopping: memory builds in progress finish first (they stay cached)".into());
+        stop_building.store(true, Ordering::SeqCst);
+        if result.is_err() && !build_tasks.is_empty() && !builder_finished.load(Ordering::SeqCst) {
+            progress(
+                "stopping: memory builds in progress stop at their next session (what they built stays cached)"
+                    .into(),
+            );
         }
-        for line in lines_rx.try_iter() {
+        // Every line the builder reports until it ends (it holds the only sender).
+        for line in lines_rx.iter() {
             progress(line);
         }
         result
@@ -798,6 +817,15 @@ pub fn run(
         ));
     }
     Ok(())
+}
+
+/// Sets its flag when dropped (also while a panic unwinds).
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Appends a prediction to its variant's checkpoint file, counts it, reports progress.

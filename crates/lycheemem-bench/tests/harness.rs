@@ -185,22 +185,25 @@ fn a_killed_construction_resumes_where_it_stopped() {
     let hash = lycheemem_bench::variant::construction_hash(&cfg);
     let cache = dir.path().join("cache");
     let comps = backends(llm.clone(), llm.clone()).components;
-    // Build only the first session, as a run killed after it would have.
-    let mut partial = data.items[0].clone();
-    partial.sessions.truncate(1);
-    {
-        let (memory, _, _) = lycheemem_bench::construct::build_or_open(
-            &cache,
-            data.kind,
-            &partial,
-            &cfg,
-            &hash,
-            comps.clone(),
-            &mut |_| {},
-        )
-        .unwrap();
-        drop(memory);
-    }
+    // Build only the first session: the run is stopped as it finishes (the stop is noticed
+    // before the next session).
+    let stop = AtomicBool::new(false);
+    let err = lycheemem_bench::construct::build_or_open(
+        &cache,
+        data.kind,
+        &data.items[0],
+        &cfg,
+        &hash,
+        comps.clone(),
+        Some(&stop),
+        &mut |_| stop.store(true, Ordering::SeqCst),
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("stopped before session 2 of 2"),
+        "{err:#}"
+    );
     let calls = llm.calls();
     let (_, report, cached) = lycheemem_bench::construct::build_or_open(
         &cache,
@@ -209,6 +212,7 @@ fn a_killed_construction_resumes_where_it_stopped() {
         &cfg,
         &hash,
         comps,
+        None,
         &mut |_| {},
     )
     .unwrap();
@@ -358,11 +362,37 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
     );
 }
 
-/// The encoder: passes calls on and notes when one has seen `marker`.
+/// Five copies of the tiny conversation, `conv-0` … `conv-4`, each with a line of its own in
+/// `session` (`zq<n>x`, so none replays another's encoder calls).
+fn five_conversations(
+    dir: &std::path::Path,
+    session: &str,
+) -> (std::path::PathBuf, dataset::Dataset) {
+    let one = locomo_file(dir);
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
+    let items: Vec<serde_json::Value> = (0..5)
+        .map(|n| {
+            let mut item = data[0].clone();
+            item["sample_id"] = format!("conv-{n}").into();
+            item["conversation"][session][1]["text"] =
+                format!("Good luck with the marathon training! Note {n}: zq{n}x.").into();
+            item
+        })
+        .collect();
+    let path = dir.join("locomo_five.json");
+    std::fs::write(&path, serde_json::Value::from(items).to_string()).unwrap();
+    let data = dataset::load(&path).unwrap();
+    (path, data)
+}
+
+/// The encoder: passes calls on and notes when one has seen `marker`; with `hold`, that call
+/// first waits (30 s at most) until `hold` is set, and notes if it gave up.
 struct WatchingEncoder {
     inner: Arc<ScriptedLlm>,
     marker: &'static str,
     seen: Arc<AtomicBool>,
+    hold: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
 }
 
 impl Llm for WatchingEncoder {
@@ -373,6 +403,16 @@ impl Llm for WatchingEncoder {
     ) -> LlmResult<Completion> {
         if messages.iter().any(|m| m.content.contains(self.marker)) {
             self.seen.store(true, Ordering::SeqCst);
+            if let Some((hold, gave_up)) = &self.hold {
+                let start = std::time::Instant::now();
+                while !hold.load(Ordering::SeqCst) {
+                    if start.elapsed() > std::time::Duration::from_secs(30) {
+                        gave_up.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
         }
         self.inner.complete(messages, options)
     }
@@ -419,22 +459,7 @@ impl Llm for WaitingPlanner {
 #[test]
 fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
     let dir = tempfile::tempdir().unwrap();
-    let one = locomo_file(dir.path());
-    let data: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
-    // Five conversations, each with a line of its own (so none replays another's encoder calls).
-    let items: Vec<serde_json::Value> = (0..5)
-        .map(|n| {
-            let mut item = data[0].clone();
-            item["sample_id"] = format!("conv-{n}").into();
-            item["conversation"]["session_2"][1]["text"] =
-                format!("Good luck with the marathon training! Note {n}: zq{n}x.").into();
-            item
-        })
-        .collect();
-    let path = dir.path().join("locomo_five.json");
-    std::fs::write(&path, serde_json::Value::from(items).to_string()).unwrap();
-    let data = dataset::load(&path).unwrap();
+    let (path, data) = five_conversations(dir.path(), "session_2");
     let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
     let mut b = backends(llm.clone(), miso_judge());
     // The first wave's questions are planned only once the fifth conversation's memory is being
@@ -447,6 +472,7 @@ fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
         inner: llm.clone(),
         marker: "zq4x",
         seen: seen.clone(),
+        hold: None,
     });
     b.components.plan_llm = Arc::new(WaitingPlanner {
         inner: llm.clone(),
@@ -507,21 +533,7 @@ fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
 #[test]
 fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved() {
     let dir = tempfile::tempdir().unwrap();
-    let one = locomo_file(dir.path());
-    let data: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
-    let items: Vec<serde_json::Value> = (0..5)
-        .map(|n| {
-            let mut item = data[0].clone();
-            item["sample_id"] = format!("conv-{n}").into();
-            item["conversation"]["session_2"][1]["text"] =
-                format!("Good luck with the marathon training! Note {n}: zq{n}x.").into();
-            item
-        })
-        .collect();
-    let path = dir.path().join("locomo_five.json");
-    std::fs::write(&path, serde_json::Value::from(items).to_string()).unwrap();
-    let data = dataset::load(&path).unwrap();
+    let (path, data) = five_conversations(dir.path(), "session_2");
     let b = backends(Arc::new(ScriptedLlm::pipeline("Miso")), miso_judge());
     let spec = RunSpec {
         jobs: 2,
@@ -550,6 +562,83 @@ fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved(
         .collect();
     let first_wave: BTreeSet<String> = (0..4).map(|n| format!("conv-{n}")).collect();
     assert_eq!(items, first_wave);
+}
+
+#[test]
+fn a_run_that_fails_stops_the_memories_being_built_at_their_next_session() {
+    let dir = tempfile::tempdir().unwrap();
+    // conv-4's marker is in its first session; its encoding is held until the run has failed.
+    let (path, data) = five_conversations(dir.path(), "session_1");
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let mut b = backends(llm.clone(), miso_judge());
+    let (failed, gave_up) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let seen = Arc::new(AtomicBool::new(false));
+    let plan_gave_up = Arc::new(AtomicBool::new(false));
+    b.components.encode_llm = Arc::new(WatchingEncoder {
+        inner: llm.clone(),
+        marker: "zq4x",
+        seen: seen.clone(),
+        hold: Some((failed.clone(), gave_up.clone())),
+    });
+    // The first wave is planned (and then fails) once conv-4's build is under way.
+    b.components.plan_llm = Arc::new(WaitingPlanner {
+        inner: llm.clone(),
+        seen,
+        gave_up: plan_gave_up.clone(),
+    });
+    let spec = RunSpec {
+        jobs: 2,
+        retrieval_only: true,
+        ..spec_for(
+            &path,
+            &dir.path().join("results"),
+            &dir.path().join("cache"),
+            &["full"],
+        )
+    };
+    // The first wave's predictions cannot be saved: a folder is where their file goes.
+    std::fs::create_dir_all(spec.out.join("predictions").join("full.jsonl")).unwrap();
+    let mut lines = Vec::new();
+    let err = run::run(&data, &spec, &Config::default(), &b, &mut |l| {
+        if l.starts_with("stopping:") {
+            failed.store(true, Ordering::SeqCst);
+        }
+        lines.push(l);
+    })
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("full.jsonl"), "{err:#}");
+    assert!(!plan_gave_up.load(Ordering::SeqCst));
+    assert!(
+        !gave_up.load(Ordering::SeqCst),
+        "the run did not say it was stopping while conv-4 was being built: {lines:#?}"
+    );
+    // conv-4 finished the session in progress (its line is reported after the stop) and built
+    // no more: it is not complete, and a later run continues it.
+    let stop = lines
+        .iter()
+        .position(|l| l.starts_with("stopping:"))
+        .unwrap();
+    assert!(
+        lines[stop..]
+            .iter()
+            .any(|l| l.starts_with("construct conv-4") && l.contains("session 1/2")),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("conv-4") && l.contains("session 2/2"))
+    );
+    let hash = Variant::new("full", &Config::default())
+        .unwrap()
+        .construction_hash();
+    let conv4 = data.items.iter().find(|i| i.id == "conv-4").unwrap();
+    assert!(!construct::is_built(&spec.cache, data.kind, conv4, &hash));
+    let conv0 = data.items.iter().find(|i| i.id == "conv-0").unwrap();
+    assert!(construct::is_built(&spec.cache, data.kind, conv0, &hash));
 }
 
 #[test]

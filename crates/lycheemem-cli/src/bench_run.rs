@@ -50,9 +50,10 @@ pub struct BenchRunArgs {
     /// Only each item's first N sessions and the questions whose evidence lies in them.
     #[arg(long)]
     sessions: Option<usize>,
-    /// Questions (and memory constructions) worked on at the same time; a local LLM decodes
-    /// their calls together (set `--llm-batch` at least as large). Results are the same as one at
-    /// a time; wall times are not comparable across different values.
+    /// Memory constructions built at the same time, and questions evaluated at the same time
+    /// (both run together: up to 2N LLM calls open at once); a local LLM decodes them together,
+    /// `--llm-batch` at a time, the rest waiting their turn (set it at least N). Retrieval is the
+    /// same as one at a time; wall times are not comparable across different values.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
     /// Restricts a variant to some items: `VARIANT=ITEM[+ITEM…]`, e.g. `eager=conv-26` (the
