@@ -45,8 +45,11 @@ impl ConstructionReport {
     }
 }
 
-/// The namespace an item's memory lives in.
+/// The namespace an item's memory lives in (and its cache folder's name): the item id, with any
+/// character other than ASCII letters, digits, `.`, `_` and `-` replaced by `_` and then a short
+/// hash of the id added, so two ids never share a memory.
 pub fn namespace(kind: DatasetKind, item: &str) -> Result<Namespace> {
+    use sha2::{Digest, Sha256};
     let safe: String = item
         .chars()
         .map(|c| {
@@ -57,7 +60,14 @@ pub fn namespace(kind: DatasetKind, item: &str) -> Result<Namespace> {
             }
         })
         .collect();
-    Ok(Namespace::new(format!("{}.{safe}", kind.as_str()))?)
+    let name = if safe == item {
+        safe
+    } else {
+        let digest = Sha256::digest(item.as_bytes());
+        let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{safe}-{short}")
+    };
+    Ok(Namespace::new(format!("{}.{name}", kind.as_str()))?)
 }
 
 /// Where an item's memory and its marker live.
@@ -211,4 +221,22 @@ fn summarize(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_that_differ_only_in_replaced_characters_get_their_own_namespaces() {
+        let ns = |id: &str| namespace(DatasetKind::Locomo, id).unwrap().to_string();
+        assert_eq!(
+            ns("conv-26"),
+            "locomo.conv-26",
+            "plain ids are kept as they are"
+        );
+        assert_ne!(ns("a b"), ns("a_b"));
+        assert_ne!(ns("a b"), ns("a/b"));
+        assert!(ns("a b").starts_with("locomo.a_b-"));
+    }
 }
