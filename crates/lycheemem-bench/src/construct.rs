@@ -1,6 +1,7 @@
 //! Building (or reusing) the memory of one benchmark item under one construction config.
 //!
-//! Memories are cached under `<cache>/<dataset>.<item>-<construction hash>/`; a finished one has
+//! Memories are cached under `<cache>/<namespace>-<construction hash>/`, where the namespace is
+//! `<dataset>.<item id>` (see [`namespace`] for ids that are not path-safe); a finished one has
 //! a `<same name>.json` marker next to it holding its [`ConstructionReport`]. An unfinished one
 //! (a killed run) is resumed: each session continues after the turns already stored, and the
 //! memory's own persisted segmenter state carries on where it stopped.
@@ -47,7 +48,8 @@ impl ConstructionReport {
 
 /// The namespace an item's memory lives in (and its cache folder's name): the item id, with any
 /// character other than ASCII letters, digits, `.`, `_` and `-` replaced by `_` and then a short
-/// hash of the id added, so two ids never share a memory.
+/// hash of the id added, so two ids never share a memory. An id too long for a namespace is cut
+/// and gets the hash too.
 pub fn namespace(kind: DatasetKind, item: &str) -> Result<Namespace> {
     use sha2::{Digest, Sha256};
     let safe: String = item
@@ -60,27 +62,36 @@ pub fn namespace(kind: DatasetKind, item: &str) -> Result<Namespace> {
             }
         })
         .collect();
-    let name = if safe == item {
+    // Room for the id in a namespace of at most 128 characters after `<dataset>.`.
+    let room = 128 - kind.as_str().len() - 1;
+    let name = if safe == item && safe.len() <= room {
         safe
     } else {
         let digest = Sha256::digest(item.as_bytes());
         let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{safe}-{short}")
+        // `safe` is ASCII, so cutting it at a byte count keeps whole characters.
+        let keep = safe.len().min(room - short.len() - 1);
+        format!("{}-{short}", &safe[..keep])
     };
     Ok(Namespace::new(format!("{}.{name}", kind.as_str()))?)
 }
 
-/// Where an item's memory and its marker live.
-pub fn paths(cache: &Path, kind: DatasetKind, item: &str, hash: &str) -> (PathBuf, PathBuf) {
-    let ns = namespace(kind, item)
-        .map_or_else(|_| format!("{}.{item}", kind.as_str()), |n| n.to_string());
-    let name = format!("{ns}-{hash}");
-    (cache.join(&name), cache.join(format!("{name}.json")))
+/// Where an item's memory and its marker live (named after its [`namespace`]).
+pub fn paths(
+    cache: &Path,
+    kind: DatasetKind,
+    item: &str,
+    hash: &str,
+) -> Result<(PathBuf, PathBuf)> {
+    let name = format!("{}-{hash}", namespace(kind, item)?);
+    Ok((cache.join(&name), cache.join(format!("{name}.json"))))
 }
 
 /// Whether the item's memory under `hash` is finished for all of its sessions.
 pub fn is_built(cache: &Path, kind: DatasetKind, item: &Item, hash: &str) -> bool {
-    let (_, marker) = paths(cache, kind, &item.id, hash);
+    let Ok((_, marker)) = paths(cache, kind, &item.id, hash) else {
+        return false;
+    };
     std::fs::read(&marker)
         .ok()
         .and_then(|b| serde_json::from_slice::<ConstructionReport>(&b).ok())
@@ -107,7 +118,7 @@ pub fn build_or_open(
     progress: &mut dyn FnMut(String),
 ) -> Result<(Memory, ConstructionReport, bool)> {
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
-    let (dir, marker) = paths(cache, kind, &item.id, hash);
+    let (dir, marker) = paths(cache, kind, &item.id, hash)?;
     let memory = Memory::with_components(&dir, config.clone(), components)
         .with_context(|| format!("opening {}", dir.display()))?;
     let partial_path = marker.with_extension("partial.json");
@@ -238,5 +249,30 @@ mod tests {
         assert_ne!(ns("a b"), ns("a_b"));
         assert_ne!(ns("a b"), ns("a/b"));
         assert!(ns("a b").starts_with("locomo.a_b-"));
+    }
+
+    #[test]
+    fn ids_too_long_for_a_namespace_are_cut_and_kept_apart() {
+        let long = "q".repeat(200);
+        let other = format!("{}x", "q".repeat(199));
+        for kind in [DatasetKind::Locomo, DatasetKind::LongMemEval] {
+            let a = namespace(kind, &long).unwrap().to_string();
+            let b = namespace(kind, &other).unwrap().to_string();
+            assert!(a.len() <= 128 && b.len() <= 128, "{a} / {b}");
+            assert_ne!(a, b);
+            // The longest id that fits is kept as it is.
+            let fits = "q".repeat(128 - kind.as_str().len() - 1);
+            assert_eq!(
+                namespace(kind, &fits).unwrap().to_string(),
+                format!("{}.{fits}", kind.as_str())
+            );
+        }
+        let (dir, marker) = paths(Path::new("cache"), DatasetKind::Locomo, &long, "h").unwrap();
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name.len() <= 128 + 2 && name.starts_with("locomo.q"),
+            "{name}"
+        );
+        assert_eq!(marker, Path::new("cache").join(format!("{name}.json")));
     }
 }

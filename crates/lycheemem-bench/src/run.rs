@@ -863,8 +863,8 @@ enum Message<R> {
 
 /// Runs `work` on every input with up to `jobs` threads (inputs in order, `jobs` ≤ 1 on the
 /// calling thread). `done` receives each result on the calling thread as it arrives, and
-/// `progress` the lines the workers report. After the first error no new input is started, the
-/// running ones finish, and that error is returned.
+/// `progress` the lines the workers report. After the first error (a panic in `work` counts as
+/// one) no new input is started, the running ones finish, and that error is returned.
 fn for_each_parallel<T: Sync, R: Send>(
     jobs: usize,
     inputs: &[T],
@@ -893,7 +893,20 @@ fn for_each_parallel<T: Sync, R: Send>(
                     let mut say = |line: String| {
                         let _ = tx.send(Message::Line(line));
                     };
-                    let result = work(input, &mut say);
+                    // A panicking input is that input's error: the other workers then start
+                    // no new input, as after any error, instead of working through the rest
+                    // while the caller waits for a result that never comes.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        work(input, &mut say)
+                    }))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "no message".into());
+                        Err(anyhow::anyhow!("input {} panicked: {what}", i + 1))
+                    });
                     if result.is_err() {
                         failed.store(true, Ordering::SeqCst);
                     }
@@ -1102,4 +1115,47 @@ fn prefetch_plans(
             Ok(())
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_input_is_an_error_and_stops_the_other_workers() {
+        let inputs: Vec<usize> = (0..200).collect();
+        let panicked = AtomicBool::new(false);
+        let started = AtomicUsize::new(0);
+        let mut finished = 0;
+        let result = for_each_parallel(
+            2,
+            &inputs,
+            |&i, _| {
+                started.fetch_add(1, Ordering::SeqCst);
+                if i == 0 {
+                    panicked.store(true, Ordering::SeqCst);
+                    panic!("boom");
+                }
+                while !panicked.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+                // Slow enough that the other worker cannot get through every input while
+                // the panic is being reported (its hook may print a backtrace).
+                std::thread::sleep(Duration::from_millis(50));
+                Ok(i)
+            },
+            &mut |_| {},
+            |_, _| {
+                finished += 1;
+                Ok(())
+            },
+        );
+        let err = format!("{:#}", result.unwrap_err());
+        assert!(err.contains("input 1 panicked: boom"), "{err}");
+        // Without the panic caught, the call itself panics once the other worker has worked
+        // through every input. With it, that worker finishes what it had started and stops.
+        let started = started.load(Ordering::SeqCst);
+        assert!(started < inputs.len(), "{started} inputs started");
+        assert_eq!(finished, started - 1);
+    }
 }

@@ -549,7 +549,7 @@ fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved(
     let hash = Variant::new("full", &Config::default())
         .unwrap()
         .construction_hash();
-    let (folder, _) = construct::paths(&spec.cache, data.kind, "conv-4", &hash);
+    let (folder, _) = construct::paths(&spec.cache, data.kind, "conv-4", &hash).unwrap();
     std::fs::create_dir_all(&spec.cache).unwrap();
     std::fs::write(&folder, "not a memory").unwrap();
     let err = run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap_err();
