@@ -130,6 +130,12 @@ struct IngestState {
     /// Exchanges given to the segmenter so far.
     #[serde(default)]
     exchanges: u64,
+    /// Segments the segmenter finalized that are not committed yet. One exchange can finalize
+    /// several (an oversized exchange closes the open segment and becomes a segment per turn);
+    /// each is committed with a state that still lists the ones after it, so a crash between
+    /// two of them loses none: the next call encodes the rest first.
+    #[serde(default)]
+    finalized: VecDeque<Segment>,
 }
 
 /// Options of a question.
@@ -442,6 +448,7 @@ impl Memory {
                 segmenter: SegmenterState::new(session.clone()),
                 next_turn: 0,
                 exchanges: 0,
+                finalized: VecDeque::new(),
             }),
         }
     }
@@ -455,6 +462,7 @@ impl Memory {
             segmenter: SegmenterState::new(session.clone()),
             next_turn: turns,
             exchanges: 0,
+            finalized: VecDeque::new(),
         })
     }
 
@@ -468,6 +476,8 @@ impl Memory {
     fn advance(&self, ns: &Namespace, session: &SessionId, flush: bool) -> Result<IngestReceipt> {
         let mut receipt = IngestReceipt::default();
         let mut state = self.load_state(ns, session)?;
+        // Segments finalized before a crash come first, in order.
+        self.commit_finalized(ns, &mut state, &mut receipt)?;
         let turns = self
             .store
             .turn_range(ns, session, state.next_turn, u32::MAX)?;
@@ -544,16 +554,30 @@ impl Memory {
                 vector,
             };
             let (segments, _decision) = self.segmenter.push(&mut state.segmenter, input);
-            for seg in segments {
-                receipt.merge(self.encode_and_commit(ns, &seg, &state)?);
-            }
+            state.finalized.extend(segments);
+            self.commit_finalized(ns, &mut state, &mut receipt)?;
         }
         if flush && let Some(seg) = self.segmenter.flush(&mut state.segmenter) {
-            receipt.merge(self.encode_and_commit(ns, &seg, &state)?);
+            state.finalized.push_back(seg);
+            self.commit_finalized(ns, &mut state, &mut receipt)?;
         }
         self.store
             .put_state(ns, session, INGEST_STATE, &Self::state_value(&state)?)?;
         Ok(receipt)
+    }
+
+    /// Encodes and commits the state's finalized segments in order, each with the state that
+    /// lists only the segments after it.
+    fn commit_finalized(
+        &self,
+        ns: &Namespace,
+        state: &mut IngestState,
+        receipt: &mut IngestReceipt,
+    ) -> Result<()> {
+        while let Some(seg) = state.finalized.pop_front() {
+            receipt.merge(self.encode_and_commit(ns, &seg, state)?);
+        }
+        Ok(())
     }
 
     fn encode_and_commit(

@@ -210,6 +210,61 @@ fn restarting_mid_conversation_gives_the_same_segments_and_records() {
 }
 
 #[test]
+fn a_crash_between_the_segments_of_one_exchange_loses_none_of_them() {
+    let ns = Namespace::new("dana").unwrap();
+    let session = SessionId::new("s1").unwrap();
+    // The second exchange is over the segment limit (900 tokens): it closes the open segment
+    // and becomes one segment per turn, three segments finalized by one exchange.
+    let long = |who: &str| format!("{who} practised the cello today. {}", "scales ".repeat(600));
+    let turns = vec![
+        NewTurn::user("I just adopted a beagle called Rex."),
+        NewTurn::assistant("Congratulations! Beagles are lovely."),
+        NewTurn::user(long("I")),
+        NewTurn::assistant(long("You")),
+        NewTurn::user("Rex loves long walks in the park."),
+        NewTurn::assistant("That's great exercise for both of you."),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let (comp, _) = components("x");
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    memory
+        .add_turns(&ns, &session, Some("2024-03-01"), turns.clone())
+        .unwrap();
+    memory.flush(&ns, &session).unwrap();
+    let uninterrupted = snapshot(&memory, &ns);
+    assert!(uninterrupted.0.len() >= 3, "{:?}", uninterrupted.0);
+    drop(memory);
+
+    // The process dies during the second encoder call: the first segment is committed, the
+    // other two segments of that exchange are not.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut comp, _) = components("x");
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    comp.encode_llm = Arc::new(ScriptedLlm::responding(move |messages| {
+        if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            panic!("killed during the second encoder call");
+        }
+        lycheemem_testkit::echo_encoder_reply(messages.last().map_or("", |m| m.content.as_str()))
+    }));
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        memory.add_turns(&ns, &session, Some("2024-03-01"), turns.clone())
+    }));
+    assert!(crashed.is_err());
+    drop(memory);
+    let (comp, _) = components("x");
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    assert_eq!(
+        snapshot(&memory, &ns).0.len(),
+        1,
+        "one segment was committed"
+    );
+    memory.flush(&ns, &session).unwrap();
+    assert_eq!(snapshot(&memory, &ns), uninterrupted);
+}
+
+#[test]
 fn deletes_rederive_and_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let (comp, _) = components("x");
