@@ -861,6 +861,20 @@ enum Message<R> {
     Done(Result<R>),
 }
 
+/// Runs the work on input `i` (0-based), a panic in it becoming that input's error: in
+/// [`for_each_parallel`] the other workers then start no new input, as after any error,
+/// instead of working through the rest while the caller waits for a result that never comes.
+fn caught<R>(i: usize, work: impl FnOnce() -> Result<R>) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(anyhow::anyhow!("input {} panicked: {what}", i + 1))
+    })
+}
+
 /// Runs `work` on every input with up to `jobs` threads (inputs in order, `jobs` ≤ 1 on the
 /// calling thread). `done` receives each result on the calling thread as it arrives, and
 /// `progress` the lines the workers report. After the first error (a panic in `work` counts as
@@ -873,8 +887,8 @@ fn for_each_parallel<T: Sync, R: Send>(
     mut done: impl FnMut(R, &mut dyn FnMut(String)) -> Result<()>,
 ) -> Result<()> {
     if jobs <= 1 || inputs.len() <= 1 {
-        for input in inputs {
-            let result = work(input, &mut *progress)?;
+        for (i, input) in inputs.iter().enumerate() {
+            let result = caught(i, || work(input, &mut *progress))?;
             done(result, &mut *progress)?;
         }
         return Ok(());
@@ -893,20 +907,7 @@ fn for_each_parallel<T: Sync, R: Send>(
                     let mut say = |line: String| {
                         let _ = tx.send(Message::Line(line));
                     };
-                    // A panicking input is that input's error: the other workers then start
-                    // no new input, as after any error, instead of working through the rest
-                    // while the caller waits for a result that never comes.
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        work(input, &mut say)
-                    }))
-                    .unwrap_or_else(|panic| {
-                        let what = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "no message".into());
-                        Err(anyhow::anyhow!("input {} panicked: {what}", i + 1))
-                    });
+                    let result = caught(i, || work(input, &mut say));
                     if result.is_err() {
                         failed.store(true, Ordering::SeqCst);
                     }
@@ -1157,5 +1158,15 @@ mod tests {
         let started = started.load(Ordering::SeqCst);
         assert!(started < inputs.len(), "{started} inputs started");
         assert_eq!(finished, started - 1);
+        // On the calling thread (one job) a panic is an error too.
+        let one = for_each_parallel(
+            1,
+            &inputs,
+            |&i, _| if i == 1 { panic!("bang") } else { Ok(i) },
+            &mut |_| {},
+            |_, _| Ok(()),
+        );
+        let err = format!("{:#}", one.unwrap_err());
+        assert!(err.contains("input 2 panicked: bang"), "{err}");
     }
 }

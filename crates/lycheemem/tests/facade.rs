@@ -239,10 +239,9 @@ fn a_crash_between_the_segments_of_one_exchange_loses_none_of_them() {
     // other two segments of that exchange are not.
     let dir = tempfile::tempdir().unwrap();
     let (mut comp, _) = components("x");
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = calls.clone();
+    let calls = std::sync::atomic::AtomicUsize::new(0);
     comp.encode_llm = Arc::new(ScriptedLlm::responding(move |messages| {
-        if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+        if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
             panic!("killed during the second encoder call");
         }
         lycheemem_testkit::echo_encoder_reply(messages.last().map_or("", |m| m.content.as_str()))
