@@ -17,6 +17,8 @@ use std::path::Path;
 pub struct RunMeta {
     /// The command that reproduces the run (paths as typed).
     pub command: String,
+    /// The commit the running binary was built from (`-dirty`: its sources had uncommitted
+    /// changes), or `unknown`.
     pub commit: String,
     pub dataset: String,
     pub dataset_sha256: String,
@@ -276,20 +278,22 @@ pub fn runs(out: &Path) -> Result<Vec<RunMeta>> {
     read_lines(&out.join(RUN_LOG))
 }
 
-/// The latest run into `out`: its `run.json`, or, for a folder whose run was killed before it
-/// wrote its reports, the last run recorded in the run log.
+/// The latest run into `out`: the last run in its run log (every run is logged when it starts,
+/// so this is right also after later runs were killed before writing their reports), or, for a
+/// folder older than the run log, its `run.json`.
 pub fn latest_run(out: &Path) -> Result<RunMeta> {
+    if let Some(last) = runs(out)?.pop() {
+        return Ok(last);
+    }
     let path = out.join("run.json");
     match std::fs::read(&path) {
         Ok(bytes) => {
             serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => runs(out)?.pop().with_context(|| {
-            format!(
-                "{} has no run.json and no run recorded in {RUN_LOG}",
-                out.display()
-            )
-        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(anyhow::anyhow!(
+            "{} has no run recorded in {RUN_LOG} and no run.json",
+            out.display()
+        )),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
 }
@@ -706,27 +710,6 @@ pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
     )?;
     write("categories.svg", svg_categories(&sums).as_bytes())?;
     Ok(md)
-}
-
-/// The short commit id of the checkout in the working directory (with `-dirty` when it has
-/// uncommitted changes), or `unknown`.
-pub fn commit() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match git(&["rev-parse", "--short", "HEAD"]) {
-        Some(id) => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            if dirty { format!("{id}-dirty") } else { id }
-        }
-        None => "unknown".into(),
-    }
 }
 
 /// CPU model, core count and memory of this machine.

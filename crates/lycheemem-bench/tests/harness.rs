@@ -801,4 +801,13 @@ fn a_report_lists_every_run_recorded_in_its_folder() {
     // Regenerating the report (`bench report`) records nothing new.
     write_reports(&out, &latest_run(&out).unwrap()).unwrap();
     assert_eq!(runs(&out).unwrap().len(), 3);
+    // A run killed after an earlier one wrote `run.json` is still the latest one.
+    let fourth = run("lycheemem bench run --items conv-4", "h2");
+    record_run(&out, &fourth).unwrap();
+    assert_eq!(latest_run(&out).unwrap().command, fourth.command);
+    let md = write_reports(&out, &latest_run(&out).unwrap()).unwrap();
+    assert!(
+        md.contains("- latest command: `lycheemem bench run --items conv-4`"),
+        "{md}"
+    );
 }

@@ -165,7 +165,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
             "lycheemem {}",
             std::env::args().skip(1).collect::<Vec<_>>().join(" ")
         ),
-        commit: report::commit(),
+        commit: env!("LYCHEEMEM_BUILD_COMMIT").into(),
         dataset: args
             .dataset
             .file_name()
@@ -200,4 +200,28 @@ pub fn report(args: BenchReportArgs) -> Result<()> {
     let meta = report::latest_run(&args.out)?;
     println!("{}", lycheemem_bench::write_reports(&args.out, &meta)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The commit a report records is the one this binary was built from: in a git checkout,
+    /// its HEAD (the test binary is built from the same tree), with `-dirty` for changed sources.
+    #[test]
+    fn reports_record_the_commit_the_binary_was_built_from() {
+        let recorded = env!("LYCHEEMEM_BUILD_COMMIT");
+        let head = std::process::Command::new("git")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        match head {
+            Some(head) => assert!(
+                recorded == head || recorded == format!("{head}-dirty"),
+                "recorded {recorded}, HEAD {head}"
+            ),
+            None => assert_eq!(recorded, "unknown"),
+        }
+    }
 }
