@@ -279,23 +279,11 @@ pub fn runs(out: &Path) -> Result<Vec<RunMeta>> {
 }
 
 /// The latest run into `out`: the last run in its run log (every run is logged when it starts,
-/// so this is right also after later runs were killed before writing their reports), or, for a
-/// folder older than the run log, its `run.json`.
+/// so this is right also after later runs were killed before writing their reports).
 pub fn latest_run(out: &Path) -> Result<RunMeta> {
-    if let Some(last) = runs(out)?.pop() {
-        return Ok(last);
-    }
-    let path = out.join("run.json");
-    match std::fs::read(&path) {
-        Ok(bytes) => {
-            serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(anyhow::anyhow!(
-            "{} has no run recorded in {RUN_LOG} and no run.json",
-            out.display()
-        )),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
+    runs(out)?
+        .pop()
+        .with_context(|| format!("{} has no run recorded in {RUN_LOG}", out.display()))
 }
 
 /// The variants whose recorded runs used more than one config hash: `(variant, hashes)`.
