@@ -82,6 +82,19 @@ fn unit(v: &[f32]) -> Vec<f32> {
     u
 }
 
+/// Whether `held` (read back from an index) is `new` stored at the index's precision: equal in
+/// f32; within f16 rounding (half an ulp of an 11-bit significand, plus the subnormal step).
+fn same_vector(held: &[f32], new: &[f32], half: bool) -> bool {
+    held.len() == new.len()
+        && held.iter().zip(new).all(|(h, n)| {
+            if half {
+                (h - n).abs() <= n.abs() * (1.0 / 2048.0) + 6.0e-8
+            } else {
+                h == n
+            }
+        })
+}
+
 fn usearch_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Store(format!("vector index {what}: {e}"))
 }
@@ -220,13 +233,32 @@ impl VectorIndexes {
 
     /// Adds or replaces many vectors, inserting in parallel. Within the batch the last vector
     /// given for a key wins.
+    ///
+    /// A key whose indexed vector already equals the new one (at the index's precision) is left
+    /// alone: replaying changes that a partly saved checkpoint already holds, or re-storing an
+    /// unchanged vector, then costs nothing and does not churn the graph. (A removed key's slot
+    /// is reused by usearch's in-place node update, the path of HNSW graphs that loses recall.)
     pub fn upsert_many(&mut self, batch: Vec<(String, Target, u64, Vec<f32>)>) -> Result<()> {
         let mut groups: HashMap<(String, Target), HashMap<u64, Vec<f32>>> = HashMap::new();
         for (ns, target, key, vector) in batch {
-            groups.entry((ns, target)).or_default().insert(key, vector);
+            groups
+                .entry((ns, target))
+                .or_default()
+                .insert(key, unit(&vector));
         }
-        for ((ns, target), items) in groups {
+        let dims = self.options.dimensions;
+        let half = self.options.quantization == ScalarKind::F16;
+        for ((ns, target), mut items) in groups {
             let v = self.get_or_create(&ns, target)?;
+            let mut held = vec![0f32; dims];
+            items.retain(|key, vector| {
+                !(v.index.contains(*key)
+                    && matches!(v.index.get(*key, &mut held), Ok(1))
+                    && same_vector(&held, vector, half))
+            });
+            if items.is_empty() {
+                continue;
+            }
             for key in items.keys() {
                 if v.index.contains(*key) {
                     v.index.remove(*key).map_err(|e| usearch_err("remove", e))?;
@@ -240,7 +272,7 @@ impl VectorIndexes {
             let index = &v.index;
             items
                 .into_par_iter()
-                .try_for_each(|(key, vector)| index.add(key, &unit(&vector)))
+                .try_for_each(|(key, vector)| index.add(key, &vector))
                 .map_err(|e| usearch_err("add", e))?;
             v.dirty = true;
         }
@@ -360,5 +392,45 @@ impl VectorIndexes {
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
         self.saved = self.applied;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn indexes(dir: &Path, precision: VectorPrecision) -> VectorIndexes {
+        let cfg = StoreConfig {
+            vector_precision: precision,
+            ..StoreConfig::default()
+        };
+        VectorIndexes::load(dir, 4, &cfg, "test").unwrap()
+    }
+
+    fn dirty(set: &VectorIndexes) -> bool {
+        set.indexes.values().any(|v| v.dirty)
+    }
+
+    #[test]
+    fn an_unchanged_vector_is_not_reinserted_and_a_changed_one_is() {
+        for precision in [VectorPrecision::F32, VectorPrecision::F16] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut set = indexes(dir.path(), precision);
+            let batch = |v: [f32; 4]| vec![("ns".to_string(), Target::Turn, 7, v.to_vec())];
+            set.upsert_many(batch([0.3, 0.1, -0.7, 0.2])).unwrap();
+            set.save("test").unwrap();
+            assert!(!dirty(&set));
+            // The same vector, scaled (unit length is what is indexed): nothing to do.
+            set.upsert_many(batch([0.6, 0.2, -1.4, 0.4])).unwrap();
+            assert!(
+                !dirty(&set),
+                "{precision:?}: an unchanged vector churned the index"
+            );
+            set.upsert_many(batch([0.3, 0.1, 0.7, 0.2])).unwrap();
+            assert!(dirty(&set), "{precision:?}: a changed vector was skipped");
+            let held = set.get_many("ns", Target::Turn, &[7]).remove(0).unwrap();
+            assert!(held[2] > 0.0, "{precision:?}: the new vector is indexed");
+            assert_eq!(set.len("ns", Target::Turn), 1);
+        }
     }
 }
