@@ -381,7 +381,8 @@ pub struct StoreConfig {
     pub hnsw_expansion_add: usize,
     /// HNSW beam width while searching.
     pub hnsw_expansion_search: usize,
-    /// A filtered vector search whose allowed set is at most this large is answered exactly.
+    /// A vector search over at most this many vectors (a namespace's of one target, or a
+    /// filter's allowed set) is answered exactly instead of through the HNSW index.
     pub exact_search_below: usize,
     /// Persist the derived indexes (and trim the change log) after this many changes, or after
     /// a quarter of the indexed vectors when that is more.

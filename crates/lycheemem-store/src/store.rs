@@ -1651,11 +1651,39 @@ impl Store {
         Ok(out)
     }
 
+    /// Index keys of all of one namespace's items of `target` (the key → id table's range).
+    fn target_keys(
+        &self,
+        txn: &redb::ReadTransaction,
+        ns: &Namespace,
+        target: Target,
+    ) -> Result<HashSet<u64>> {
+        let mut prefix = keys::ns(ns);
+        prefix.push(target.code());
+        let end = keys::prefix_end(&prefix);
+        let table = txn.open_table(KEYS).map_err(db_err)?;
+        let mut out = HashSet::new();
+        for entry in table
+            .range(prefix.as_slice()..end.as_slice())
+            .map_err(db_err)?
+        {
+            let (k, _) = entry.map_err(db_err)?;
+            let k = k.value();
+            if k.len() == prefix.len() + 8 {
+                out.insert(keys::be_u64(&k[prefix.len()..]));
+            }
+        }
+        Ok(out)
+    }
+
     /// Nearest neighbours by cosine similarity among one namespace's items of one target.
     ///
-    /// With a session filter the result is exact when the session is small and otherwise falls
-    /// back to an exact scan whenever the filtered HNSW search returns fewer than `k` hits while
-    /// more matching vectors exist — a filter never silently shortens the list.
+    /// A namespace holding at most `exact_search_below` vectors of the target is searched
+    /// exactly (at that size a scan costs well under a millisecond, and an HNSW graph can leave
+    /// a node unreachable); a larger one goes through its HNSW index. With a session filter the
+    /// result is exact when the session is small and otherwise falls back to an exact scan
+    /// whenever the filtered HNSW search returns fewer than `k` hits while more matching vectors
+    /// exist — a filter never silently shortens the list.
     pub fn vector_search(&self, ns: &Namespace, q: &VectorQuery) -> Result<Vec<Hit>> {
         if q.vector.len() != self.options.dims {
             return Err(Error::InvalidInput(format!(
@@ -1667,8 +1695,18 @@ impl Store {
         let txn = self.read()?;
         let hits = match &q.session {
             None => {
-                let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
-                vectors.search(ns.as_str(), q.target, &q.vector, q.k, None)?
+                let indexed = self
+                    .vectors
+                    .read()
+                    .unwrap_or_else(lock_poisoned)
+                    .len(ns.as_str(), q.target);
+                if indexed <= self.options.index.exact_search_below {
+                    let all = self.target_keys(&txn, ns, q.target)?;
+                    self.exact_search(&txn, ns, q.target, &q.vector, q.k, &all)?
+                } else {
+                    let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
+                    vectors.search(ns.as_str(), q.target, &q.vector, q.k, None)?
+                }
             }
             Some(session) => {
                 let allowed = self.session_keys(&txn, ns, q.target, session)?;

@@ -22,6 +22,8 @@ fn options() -> StoreOptions {
     let mut o = StoreOptions::new(DIMS);
     // Checkpoint often so kills also land inside index saves and change-log trimming.
     o.index.checkpoint_every = 25;
+    // Searches go through the HNSW index (not the exact scan small namespaces get).
+    o.index.exact_search_below = 0;
     o
 }
 

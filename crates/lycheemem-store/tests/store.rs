@@ -451,6 +451,48 @@ fn session_filter_never_returns_fewer_than_k_when_more_match() {
 }
 
 #[test]
+fn a_small_namespace_is_searched_exactly_whatever_the_hnsw_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    // A graph so sparse and a beam so narrow that HNSW alone misses true neighbours.
+    let mut opts = StoreOptions::new(DIMS);
+    opts.index.hnsw_connectivity = 2;
+    opts.index.hnsw_expansion_add = 2;
+    opts.index.hnsw_expansion_search = 1;
+    let store = Store::open(dir.path(), opts).unwrap();
+    let a = ns("a");
+    add_turns(&store, &a, "s", 300, 0);
+    let items: Vec<ItemRef> = (0..300)
+        .map(|index| {
+            ItemRef::Turn(TurnRef {
+                session: sid("s"),
+                index,
+            })
+        })
+        .collect();
+    let stored = store.vectors(&a, &items).unwrap();
+    for seed in 0..20u64 {
+        let query = vector(50_000 + seed);
+        let mut truth: Vec<(usize, f32)> = stored
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                (
+                    i,
+                    lycheemem_core::vector::cosine(v.as_ref().unwrap(), &query),
+                )
+            })
+            .collect();
+        truth.sort_by(|x, y| y.1.total_cmp(&x.1));
+        let hits = store
+            .vector_search(&a, &VectorQuery::new(Target::Turn, query, 10))
+            .unwrap();
+        let found: Vec<&ItemRef> = hits.iter().map(|h| &h.item).collect();
+        let expected: Vec<&ItemRef> = truth[..10].iter().map(|(i, _)| &items[*i]).collect();
+        assert_eq!(found, expected, "query {seed}");
+    }
+}
+
+#[test]
 fn export_import_round_trip_with_and_without_vectors() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
