@@ -1679,8 +1679,8 @@ impl Store {
     /// Nearest neighbours by cosine similarity among one namespace's items of one target.
     ///
     /// A namespace holding at most `exact_search_below` vectors of the target is searched
-    /// exactly (at that size a scan costs well under a millisecond, and an HNSW graph can leave
-    /// a node unreachable); a larger one goes through its HNSW index. With a session filter the
+    /// exactly (an HNSW graph can leave a node unreachable); a larger one goes through its HNSW
+    /// index. With a session filter the
     /// result is exact when the session is small and otherwise falls back to an exact scan
     /// whenever the filtered HNSW search returns fewer than `k` hits while more matching vectors
     /// exist — a filter never silently shortens the list.
@@ -1695,17 +1695,13 @@ impl Store {
         let txn = self.read()?;
         let hits = match &q.session {
             None => {
-                let indexed = self
-                    .vectors
-                    .read()
-                    .unwrap_or_else(lock_poisoned)
-                    .len(ns.as_str(), q.target);
-                if indexed <= self.options.index.exact_search_below {
+                let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
+                if vectors.len(ns.as_str(), q.target) > self.options.index.exact_search_below {
+                    vectors.search(ns.as_str(), q.target, &q.vector, q.k, None)?
+                } else {
+                    drop(vectors);
                     let all = self.target_keys(&txn, ns, q.target)?;
                     self.exact_search(&txn, ns, q.target, &q.vector, q.k, &all)?
-                } else {
-                    let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
-                    vectors.search(ns.as_str(), q.target, &q.vector, q.k, None)?
                 }
             }
             Some(session) => {

@@ -252,10 +252,9 @@ impl VectorIndexes {
         for ((ns, target), mut items) in groups {
             let v = self.get_or_create(&ns, target)?;
             let mut held = vec![0f32; dims];
+            // `get` finds nothing (0) for a key not in the index.
             items.retain(|key, vector| {
-                !(v.index.contains(*key)
-                    && matches!(v.index.get(*key, &mut held), Ok(1))
-                    && same_vector(&held, vector, half))
+                !(matches!(v.index.get(*key, &mut held), Ok(1)) && same_vector(&held, vector, half))
             });
             if items.is_empty() {
                 continue;

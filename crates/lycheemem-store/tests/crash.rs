@@ -228,7 +228,8 @@ fn verify(store: &Store, ns: &Namespace, acked: &Acknowledged, round: u64) {
             hits = store.vector_search(ns, &query).unwrap();
         }
         if !hits.iter().any(|h| h.item == expected) {
-            // What the index holds under the turn's key: its cosine with the stored vector.
+            // The vector retrieval scores the turn with (the indexed one; the stored one if the
+            // index lacks the key): its cosine with the stored vector.
             let indexed = store
                 .scoring_vectors(ns, std::slice::from_ref(&expected))
                 .unwrap()
@@ -236,7 +237,7 @@ fn verify(store: &Store, ns: &Namespace, acked: &Acknowledged, round: u64) {
                 .map(|v| lycheemem_core::vector::cosine(&v, &vector_for(&text)));
             eprintln!(
                 "round {round}: HNSW search missed the last acknowledged turn (vector stored; \
-                 indexed vector's cosine with it: {indexed:?}; hits: {:?})",
+                 scoring vector's cosine with it: {indexed:?}; hits: {:?})",
                 hits.iter().map(|h| (&h.item, h.score)).collect::<Vec<_>>()
             );
         }
