@@ -1680,10 +1680,9 @@ impl Store {
     ///
     /// A namespace holding at most `exact_search_below` vectors of the target is searched
     /// exactly (an HNSW graph can leave a node unreachable); a larger one goes through its HNSW
-    /// index. With a session filter the
-    /// result is exact when the session is small and otherwise falls back to an exact scan
-    /// whenever the filtered HNSW search returns fewer than `k` hits while more matching vectors
-    /// exist — a filter never silently shortens the list.
+    /// index. With a session filter the result is exact when the session is small and otherwise
+    /// falls back to an exact scan whenever the filtered HNSW search returns fewer than `k` hits
+    /// while more matching vectors exist — a filter never silently shortens the list.
     pub fn vector_search(&self, ns: &Namespace, q: &VectorQuery) -> Result<Vec<Hit>> {
         if q.vector.len() != self.options.dims {
             return Err(Error::InvalidInput(format!(

@@ -230,14 +230,14 @@ fn verify(store: &Store, ns: &Namespace, acked: &Acknowledged, round: u64) {
         if !hits.iter().any(|h| h.item == expected) {
             // The vector retrieval scores the turn with (the indexed one; the stored one if the
             // index lacks the key): its cosine with the stored vector.
-            let indexed = store
+            let scoring = store
                 .scoring_vectors(ns, std::slice::from_ref(&expected))
                 .unwrap()
                 .remove(0)
                 .map(|v| lycheemem_core::vector::cosine(&v, &vector_for(&text)));
             eprintln!(
                 "round {round}: HNSW search missed the last acknowledged turn (vector stored; \
-                 scoring vector's cosine with it: {indexed:?}; hits: {:?})",
+                 scoring vector's cosine with it: {scoring:?}; hits: {:?})",
                 hits.iter().map(|h| (&h.item, h.score)).collect::<Vec<_>>()
             );
         }
