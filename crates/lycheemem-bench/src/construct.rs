@@ -33,8 +33,10 @@ pub struct ConstructionReport {
     pub completion_tokens: u64,
     /// Sum of the encode calls' latencies.
     pub llm_seconds: f64,
-    /// Wall time of construction (embedding, segmentation, encoding, storage), summed over
-    /// resumed runs.
+    /// Wall time of construction (embedding, segmentation, encoding, storage), summed over the
+    /// resumed runs on this machine (kept in the cache: a build continued elsewhere from a
+    /// results folder's encoder log starts from 0 there). Time spent in a session a kill cut
+    /// short is not counted.
     pub seconds: f64,
     pub encode_llm: String,
     pub embedder: String,

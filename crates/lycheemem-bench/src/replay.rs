@@ -17,6 +17,10 @@
 //! clone rebuilds such a report's memories without the LLM, and a construction stopped on one
 //! machine continues on another.
 //!
+//! Identical calls made at the same time (two constructions of one item start with the same
+//! segment) go to the model once: the others wait for that answer and are replayed from it, so a
+//! key in the log has one answer, and a rebuilt memory gets back exactly what it was given.
+//!
 //! A replayed completion carries the token counts and latency of the call that produced it, so
 //! construction tokens (SPEC §6) are the same whether or not a call was replayed; the number of
 //! replayed calls is reported, since they make wall time shorter.
@@ -25,11 +29,11 @@ use lycheemem_core::{Error, Result};
 use lycheemem_llm::{ChatMessage, Completion, GenerateOptions, Llm};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// One answered call in the log.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -47,6 +51,9 @@ pub struct ReplayLlm {
     shared: Option<PathBuf>,
     /// Answers by key, and whether `path` holds them already.
     answers: Mutex<HashMap<String, (Completion, bool)>>,
+    /// Keys of the calls now with the model; a caller of the same key waits on `answered`.
+    in_flight: Mutex<HashSet<String>>,
+    answered: Condvar,
     file: Mutex<()>,
     replayed: AtomicU64,
     made: AtomicU64,
@@ -54,7 +61,8 @@ pub struct ReplayLlm {
 
 impl ReplayLlm {
     /// Wraps `inner`, loading the calls already logged in `path` (created on first append). A
-    /// line cut short by a kill is skipped (that call is simply made again).
+    /// line cut short by a kill is skipped (that call is simply made again); a key logged twice
+    /// keeps its first answer.
     pub fn open(inner: Arc<dyn Llm>, path: &Path) -> Result<ReplayLlm> {
         Self::open_logs(inner, path, None)
     }
@@ -66,10 +74,13 @@ impl ReplayLlm {
     }
 
     fn open_logs(inner: Arc<dyn Llm>, path: &Path, shared: Option<&Path>) -> Result<ReplayLlm> {
-        let mut answers = HashMap::new();
+        let mut answers: HashMap<String, (Completion, bool)> = HashMap::new();
         for (log, own) in shared.map(|s| (s, false)).into_iter().chain([(path, true)]) {
             for e in read_log(log)? {
-                answers.insert(e.key, (e.completion, own));
+                answers
+                    .entry(e.key)
+                    .and_modify(|a| a.1 |= own)
+                    .or_insert((e.completion, own));
             }
         }
         Ok(ReplayLlm {
@@ -77,6 +88,8 @@ impl ReplayLlm {
             path: path.to_path_buf(),
             shared: shared.map(Path::to_path_buf),
             answers: Mutex::new(answers),
+            in_flight: Mutex::new(HashSet::new()),
+            answered: Condvar::new(),
             file: Mutex::new(()),
             replayed: AtomicU64::new(0),
             made: AtomicU64::new(0),
@@ -113,13 +126,33 @@ impl ReplayLlm {
         let io = |e: std::io::Error| Error::Store(format!("writing {}: {e}", path.display()));
         let mut f = std::fs::OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(path)
             .map_err(io)?;
+        // A line cut short by a kill would otherwise swallow this one.
+        crate::run::cut_torn_tail(&mut f).map_err(io)?;
         let mut line = serde_json::to_vec(entry).map_err(|e| Error::Store(e.to_string()))?;
         line.push(b'\n');
         f.write_all(&line).map_err(io)?;
         f.sync_data().map_err(io)
+    }
+}
+
+/// Marks a call as no longer with the model when dropped (answered, failed or panicked).
+struct FlightGuard<'a> {
+    llm: &'a ReplayLlm,
+    key: &'a str,
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        self.llm
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(self.key);
+        self.llm.answered.notify_all();
     }
 }
 
@@ -138,12 +171,31 @@ fn read_log(path: &Path) -> Result<Vec<Entry>> {
 impl Llm for ReplayLlm {
     fn complete(&self, messages: &[ChatMessage], options: &GenerateOptions) -> Result<Completion> {
         let key = self.key(messages, options);
-        let logged = self
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned();
+        let logged = loop {
+            // Looked up under the in-flight lock: a call leaves `in_flight` only after its answer
+            // is in `answers`, so a key found in neither is asked of the model exactly once.
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            let logged = self
+                .answers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key)
+                .cloned();
+            if logged.is_some() {
+                break logged;
+            }
+            if in_flight.insert(key.clone()) {
+                break None; // this caller asks the model
+            }
+            // The same call is with the model: wait for its answer (or its failure, after which
+            // this caller asks the model itself).
+            while in_flight.contains(&key) {
+                in_flight = self
+                    .answered
+                    .wait(in_flight)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
         if let Some((completion, in_own_log)) = logged {
             if !in_own_log {
                 // Copied into this log outside the lock (two threads replaying the same call
@@ -165,10 +217,15 @@ impl Llm for ReplayLlm {
             self.replayed.fetch_add(1, Ordering::Relaxed);
             return Ok(completion);
         }
+        // Whatever happens below, the key leaves `in_flight` and waiting callers wake.
+        let _flight = FlightGuard {
+            llm: self,
+            key: &key,
+        };
         let completion = self.inner.complete(messages, options)?;
         self.made.fetch_add(1, Ordering::Relaxed);
         let entry = Entry {
-            key,
+            key: key.clone(),
             completion: completion.clone(),
         };
         self.append(&self.path, &entry)?;
@@ -188,5 +245,144 @@ impl Llm for ReplayLlm {
 
     fn context_length(&self) -> Option<usize> {
         self.inner.context_length()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lycheemem_testkit::ScriptedLlm;
+    use std::time::Duration;
+
+    fn ask(llm: &ReplayLlm, prompt: &str) -> String {
+        llm.complete(&[ChatMessage::user(prompt)], &GenerateOptions::default())
+            .unwrap()
+            .text
+    }
+
+    #[test]
+    fn identical_calls_at_the_same_time_go_to_the_model_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("calls.jsonl");
+        let shared = dir.path().join("shared.jsonl");
+        let n = AtomicU64::new(0);
+        let inner = Arc::new(ScriptedLlm::responding(move |_| {
+            std::thread::sleep(Duration::from_millis(300));
+            format!("answer {}", n.fetch_add(1, Ordering::SeqCst))
+        }));
+        let llm = ReplayLlm::with_shared_log(inner.clone(), &path, &shared).unwrap();
+        let texts: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4).map(|_| s.spawn(|| ask(&llm, "same"))).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(inner.calls(), 1, "one call to the model");
+        assert!(texts.iter().all(|t| t == "answer 0"), "{texts:?}");
+        assert_eq!((llm.made(), llm.replayed()), (1, 3));
+        for log in [&path, &shared] {
+            assert_eq!(std::fs::read_to_string(log).unwrap().lines().count(), 1);
+        }
+    }
+
+    /// Fails its first call, after a pause, and answers every later one.
+    struct FailsFirst(AtomicU64);
+
+    impl Llm for FailsFirst {
+        fn complete(&self, _: &[ChatMessage], _: &GenerateOptions) -> Result<Completion> {
+            std::thread::sleep(Duration::from_millis(300));
+            if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(Error::Model("the model is down".into()));
+            }
+            Ok(Completion {
+                text: "answer".into(),
+                finish_reason: lycheemem_llm::FinishReason::Stop,
+                prompt_tokens: 1,
+                completion_tokens: 1,
+                cached_prompt_tokens: 0,
+                latency_ms: 300,
+                usage_estimated: false,
+                model: "fails-first".into(),
+            })
+        }
+        fn model_id(&self) -> &str {
+            "fails-first"
+        }
+        fn context_length(&self) -> Option<usize> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_failed_call_lets_a_waiting_caller_ask_the_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = Arc::new(FailsFirst(AtomicU64::new(0)));
+        let llm = ReplayLlm::open(inner.clone(), &dir.path().join("calls.jsonl")).unwrap();
+        let results: Vec<Result<Completion>> = std::thread::scope(|s| {
+            let call = || llm.complete(&[ChatMessage::user("x")], &GenerateOptions::default());
+            let first = s.spawn(call);
+            std::thread::sleep(Duration::from_millis(100)); // the first call is with the model
+            let second = s.spawn(call);
+            vec![first.join().unwrap(), second.join().unwrap()]
+        });
+        assert!(results[0].is_err());
+        assert_eq!(results[1].as_ref().unwrap().text, "answer");
+        assert_eq!(
+            inner.0.load(Ordering::SeqCst),
+            2,
+            "the waiter asked after the failure"
+        );
+        assert!(
+            llm.in_flight.lock().unwrap().is_empty(),
+            "no key left in flight"
+        );
+        assert_eq!(ask(&llm, "x"), "answer", "now replayed");
+        assert_eq!(inner.0.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_torn_last_line_neither_loses_the_next_call_nor_hides_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("calls.jsonl");
+        let inner = Arc::new(ScriptedLlm::responding(|m| format!("re {}", m[0].content)));
+        let llm = ReplayLlm::open(inner.clone(), &path).unwrap();
+        ask(&llm, "one");
+        drop(llm);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"{\"key\":\"abc\",\"compl").unwrap(); // killed mid-write
+        drop(f);
+        let llm = ReplayLlm::open(inner.clone(), &path).unwrap();
+        assert_eq!(llm.logged(), 1);
+        ask(&llm, "two");
+        drop(llm);
+        let llm = ReplayLlm::open(inner.clone(), &path).unwrap();
+        assert_eq!(
+            llm.logged(),
+            2,
+            "the call after the torn line is replayable"
+        );
+        assert_eq!(
+            (ask(&llm, "one"), ask(&llm, "two")),
+            ("re one".into(), "re two".into())
+        );
+        assert_eq!(inner.calls(), 2, "nothing asked twice");
+        assert_eq!(llm.replayed(), 2);
+    }
+
+    #[test]
+    fn a_key_logged_twice_replays_its_first_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("calls.jsonl");
+        let inner = Arc::new(ScriptedLlm::new(&["first", "second"]));
+        let llm = ReplayLlm::open(inner.clone(), &path).unwrap();
+        ask(&llm, "q");
+        // The same key answered differently, as two unsynchronized runs could have logged it.
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&text.replace("\"first\"", "\"second\""));
+        std::fs::write(&path, text).unwrap();
+        let llm = ReplayLlm::open(inner, &path).unwrap();
+        assert_eq!(llm.logged(), 1);
+        assert_eq!(ask(&llm, "q"), "first");
     }
 }

@@ -217,9 +217,14 @@ pub fn select(dataset: &Dataset, spec: &RunSpec) -> Vec<(usize, usize)> {
     chosen
 }
 
+/// The values of a JSON Lines checkpoint (none when it does not exist). A last line cut short by
+/// a kill mid-write is ignored; any other unreadable line, or a file that cannot be read, is an
+/// error (a checkpoint read as empty would make a run redo, and count twice, finished work).
 pub(crate) fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(Vec::new());
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", path.display())),
     };
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -238,16 +243,45 @@ pub(crate) fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Ve
     Ok(out)
 }
 
+/// Appends one JSON line (synced). A last line left cut short by a kill is removed first, so the
+/// new line never continues it.
 pub(crate) fn append_line<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))?;
+    cut_torn_tail(&mut f).with_context(|| format!("repairing {}", path.display()))?;
     let mut line = serde_json::to_string(value)?;
     line.push('\n');
     f.write_all(line.as_bytes())?;
     f.sync_data()?;
+    Ok(())
+}
+
+/// Truncates a JSON Lines file opened for reading and appending to its last complete line: a
+/// write cut short by a kill leaves a partial last line, which a reader skips as long as it is
+/// the last; a line appended after it would join it and make both unreadable.
+pub(crate) fn cut_torn_tail(f: &mut std::fs::File) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = f.metadata()?.len();
+    let mut end = len;
+    let mut buf = [0u8; 4096];
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(chunk)?;
+        if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
+            end = start + i as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if end < len {
+        f.set_len(end)?;
+    }
     Ok(())
 }
 
@@ -1121,6 +1155,52 @@ fn prefetch_plans(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_appended_after_a_torn_one_stays_readable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("predictions.jsonl");
+        append_line(&path, &serde_json::json!({"n": 1})).unwrap();
+        // A kill in the middle of the second write.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"{\"n\": 2, \"te").unwrap();
+        drop(f);
+        let before: Vec<serde_json::Value> = read_lines(&path).unwrap();
+        assert_eq!(before.len(), 1, "a torn last line is skipped");
+        append_line(&path, &serde_json::json!({"n": 3})).unwrap();
+        append_line(&path, &serde_json::json!({"n": 4})).unwrap();
+        let after: Vec<serde_json::Value> = read_lines(&path).unwrap();
+        let ns: Vec<i64> = after.iter().map(|v| v["n"].as_i64().unwrap()).collect();
+        assert_eq!(ns, [1, 3, 4]);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"n\":1}\n{\"n\":3}\n{\"n\":4}\n"
+        );
+        // A file holding only a torn line is emptied before the append.
+        let only = dir.path().join("only.jsonl");
+        std::fs::write(&only, "{\"n\"").unwrap();
+        append_line(&only, &serde_json::json!({"n": 5})).unwrap();
+        assert_eq!(std::fs::read_to_string(&only).unwrap(), "{\"n\":5}\n");
+    }
+
+    #[test]
+    fn an_unreadable_checkpoint_is_an_error_not_an_empty_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing: Vec<serde_json::Value> = read_lines(&dir.path().join("none.jsonl")).unwrap();
+        assert!(missing.is_empty());
+        // A folder where the file should be cannot be read as a file.
+        let err = read_lines::<serde_json::Value>(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("reading"), "{err:#}");
+        let bad = dir.path().join("bad.jsonl");
+        std::fs::write(&bad, [b'{', 0xff, b'}', b'\n']).unwrap();
+        assert!(
+            read_lines::<serde_json::Value>(&bad).is_err(),
+            "invalid UTF-8"
+        );
+    }
 
     #[test]
     fn a_panicking_input_is_an_error_and_stops_the_other_workers() {

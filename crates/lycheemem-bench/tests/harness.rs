@@ -599,8 +599,14 @@ fn a_run_that_fails_stops_the_memories_being_built_at_their_next_session() {
             &["full"],
         )
     };
-    // The first wave's predictions cannot be saved: a folder is where their file goes.
-    std::fs::create_dir_all(spec.out.join("predictions").join("full.jsonl")).unwrap();
+    // The first wave's predictions cannot be saved: their file is a link into a folder that
+    // does not exist (read, it is a checkpoint not yet written; opened for writing, an error).
+    std::fs::create_dir_all(spec.out.join("predictions")).unwrap();
+    std::os::unix::fs::symlink(
+        dir.path().join("no-such-folder").join("full.jsonl"),
+        spec.out.join("predictions").join("full.jsonl"),
+    )
+    .unwrap();
     let mut lines = Vec::new();
     let err = run::run(&data, &spec, &Config::default(), &b, &mut |l| {
         if l.starts_with("stopping:") {
