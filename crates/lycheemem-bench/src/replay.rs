@@ -30,7 +30,6 @@ use lycheemem_llm::{ChatMessage, Completion, GenerateOptions, Llm};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -75,7 +74,8 @@ impl ReplayLlm {
 
     fn open_logs(inner: Arc<dyn Llm>, path: &Path, shared: Option<&Path>) -> Result<ReplayLlm> {
         let mut answers: HashMap<String, (Completion, bool)> = HashMap::new();
-        for (log, own) in shared.map(|s| (s, false)).into_iter().chain([(path, true)]) {
+        // The folder's own log first: its answers are the ones its memories were built from.
+        for (log, own) in [(path, true)].into_iter().chain(shared.map(|s| (s, false))) {
             for e in read_log(log)? {
                 answers
                     .entry(e.key)
@@ -121,21 +121,26 @@ impl ReplayLlm {
         hex::encode(Sha256::digest(src.to_string().as_bytes()))
     }
 
+    /// Appends an answer to the own log and notes that the log holds it.
+    fn log_own(&self, entry: &Entry) -> Result<()> {
+        self.append(&self.path, entry)?;
+        if let Some(a) = self
+            .answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&entry.key)
+        {
+            a.1 = true;
+        }
+        Ok(())
+    }
+
     fn append(&self, path: &Path, entry: &Entry) -> Result<()> {
         let _guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let io = |e: std::io::Error| Error::Store(format!("writing {}: {e}", path.display()));
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(path)
-            .map_err(io)?;
-        // A line cut short by a kill would otherwise swallow this one.
-        crate::run::cut_torn_tail(&mut f).map_err(io)?;
         let mut line = serde_json::to_vec(entry).map_err(|e| Error::Store(e.to_string()))?;
         line.push(b'\n');
-        f.write_all(&line).map_err(io)?;
-        f.sync_data().map_err(io)
+        crate::run::append_to_log(path, &line)
+            .map_err(|e| Error::Store(format!("writing {}: {e}", path.display())))
     }
 }
 
@@ -200,19 +205,10 @@ impl Llm for ReplayLlm {
             if !in_own_log {
                 // Copied into this log outside the lock (two threads replaying the same call
                 // may both copy it; the log is read by key, so that is harmless).
-                let entry = Entry {
+                self.log_own(&Entry {
                     key,
                     completion: completion.clone(),
-                };
-                self.append(&self.path, &entry)?;
-                if let Some(a) = self
-                    .answers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get_mut(&entry.key)
-                {
-                    a.1 = true;
-                }
+                })?;
             }
             self.replayed.fetch_add(1, Ordering::Relaxed);
             return Ok(completion);
@@ -224,18 +220,20 @@ impl Llm for ReplayLlm {
         };
         let completion = self.inner.complete(messages, options)?;
         self.made.fetch_add(1, Ordering::Relaxed);
+        // Known before it is written: a failed write never sends the call to the model again
+        // (a later replay copies it into the own log).
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), (completion.clone(), false));
         let entry = Entry {
             key: key.clone(),
             completion: completion.clone(),
         };
-        self.append(&self.path, &entry)?;
+        self.log_own(&entry)?;
         if let Some(shared) = &self.shared {
             self.append(shared, &entry)?;
         }
-        self.answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(entry.key, (entry.completion, true));
         Ok(completion)
     }
 
@@ -252,6 +250,7 @@ impl Llm for ReplayLlm {
 mod tests {
     use super::*;
     use lycheemem_testkit::ScriptedLlm;
+    use std::io::Write;
     use std::time::Duration;
 
     fn ask(llm: &ReplayLlm, prompt: &str) -> String {
@@ -283,13 +282,23 @@ mod tests {
         }
     }
 
-    /// Fails its first call, after a pause, and answers every later one.
-    struct FailsFirst(AtomicU64);
+    /// Fails its first call and answers every later one; each call lasts 300 ms. Counts the
+    /// calls and the most that were with it at once.
+    #[derive(Default)]
+    struct FailsFirst {
+        calls: AtomicU64,
+        running: AtomicU64,
+        most_at_once: AtomicU64,
+    }
 
     impl Llm for FailsFirst {
         fn complete(&self, _: &[ChatMessage], _: &GenerateOptions) -> Result<Completion> {
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_at_once.fetch_max(now, Ordering::SeqCst);
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(300));
-            if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            if n == 0 {
                 return Err(Error::Model("the model is down".into()));
             }
             Ok(Completion {
@@ -314,28 +323,35 @@ mod tests {
     #[test]
     fn a_failed_call_lets_a_waiting_caller_ask_the_model() {
         let dir = tempfile::tempdir().unwrap();
-        let inner = Arc::new(FailsFirst(AtomicU64::new(0)));
+        let inner = Arc::new(FailsFirst::default());
         let llm = ReplayLlm::open(inner.clone(), &dir.path().join("calls.jsonl")).unwrap();
-        let results: Vec<Result<Completion>> = std::thread::scope(|s| {
-            let call = || llm.complete(&[ChatMessage::user("x")], &GenerateOptions::default());
+        let call = || llm.complete(&[ChatMessage::user("x")], &GenerateOptions::default());
+        let (first, second) = std::thread::scope(|s| {
             let first = s.spawn(call);
-            std::thread::sleep(Duration::from_millis(100)); // the first call is with the model
+            while inner.running.load(Ordering::SeqCst) == 0 {
+                std::thread::yield_now(); // until the first call is with the model
+            }
             let second = s.spawn(call);
-            vec![first.join().unwrap(), second.join().unwrap()]
+            (first.join().unwrap(), second.join().unwrap())
         });
-        assert!(results[0].is_err());
-        assert_eq!(results[1].as_ref().unwrap().text, "answer");
+        assert!(first.is_err());
         assert_eq!(
-            inner.0.load(Ordering::SeqCst),
-            2,
+            second.unwrap().text,
+            "answer",
             "the waiter asked after the failure"
+        );
+        assert_eq!(inner.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            inner.most_at_once.load(Ordering::SeqCst),
+            1,
+            "never both at once"
         );
         assert!(
             llm.in_flight.lock().unwrap().is_empty(),
             "no key left in flight"
         );
         assert_eq!(ask(&llm, "x"), "answer", "now replayed");
-        assert_eq!(inner.0.load(Ordering::SeqCst), 2);
+        assert_eq!(inner.calls.load(Ordering::SeqCst), 2);
     }
 
     #[test]
@@ -384,5 +400,24 @@ mod tests {
         let llm = ReplayLlm::open(inner, &path).unwrap();
         assert_eq!(llm.logged(), 1);
         assert_eq!(ask(&llm, "q"), "first");
+    }
+
+    #[test]
+    fn the_folders_own_answer_wins_over_the_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (own, shared) = (
+            dir.path().join("own.jsonl"),
+            dir.path().join("shared.jsonl"),
+        );
+        let by = |reply: &str, log: &Path| {
+            let llm = ReplayLlm::open(Arc::new(ScriptedLlm::new(&[reply])), log).unwrap();
+            ask(&llm, "q")
+        };
+        by("from the folder", &own);
+        by("from the cache", &shared);
+        let inner = Arc::new(ScriptedLlm::new::<&str>(&[]));
+        let llm = ReplayLlm::with_shared_log(inner.clone(), &own, &shared).unwrap();
+        assert_eq!(ask(&llm, "q"), "from the folder");
+        assert_eq!(inner.calls(), 0);
     }
 }

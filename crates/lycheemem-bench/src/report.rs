@@ -448,7 +448,7 @@ pub fn markdown(
         }
         let _ = writeln!(
             out,
-            "\nseconds: wall time of the build, summed over the runs on the machine that finished it (a build continued on another machine from the folder's `encoder-calls.jsonl` counts only that machine's runs; memories built together share the LLM). Tokens and LLM calls are complete."
+            "\nseconds: wall time of the build, summed over the runs on the machine that finished it (a build continued on another machine from the folder's `encoder-calls.jsonl` counts only that machine's runs, and time in a session a kill cut short is not counted; memories built together share the LLM). Tokens and LLM calls are complete."
         );
     }
     if !runs.is_empty() {

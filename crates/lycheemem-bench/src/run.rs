@@ -243,27 +243,33 @@ pub(crate) fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Ve
     Ok(out)
 }
 
-/// Appends one JSON line (synced). A last line left cut short by a kill is removed first, so the
-/// new line never continues it.
+/// Appends one JSON line (synced; see [`append_to_log`]).
 pub(crate) fn append_line<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut line = serde_json::to_vec(value)?;
+    line.push(b'\n');
+    append_to_log(path, &line).with_context(|| format!("appending to {}", path.display()))
+}
+
+/// Appends `line` (one JSON line with its `\n`) to a JSON Lines file, created if missing, under
+/// an exclusive lock on the file (logs in the cache are shared by every run on the machine), and
+/// synced. A last line a kill cut short is removed first, so `line` never continues it.
+pub(crate) fn append_to_log(path: &Path, line: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .read(true)
         .append(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    cut_torn_tail(&mut f).with_context(|| format!("repairing {}", path.display()))?;
-    let mut line = serde_json::to_string(value)?;
-    line.push('\n');
-    f.write_all(line.as_bytes())?;
-    f.sync_data()?;
-    Ok(())
+        .open(path)?;
+    f.lock()?; // released when `f` is closed
+    cut_torn_tail(&mut f)?;
+    f.write_all(line)?;
+    f.sync_data()
 }
 
-/// Truncates a JSON Lines file opened for reading and appending to its last complete line: a
-/// write cut short by a kill leaves a partial last line, which a reader skips as long as it is
-/// the last; a line appended after it would join it and make both unreadable.
-pub(crate) fn cut_torn_tail(f: &mut std::fs::File) -> std::io::Result<()> {
+/// Ends a JSON Lines file opened for reading and appending with its last complete line: a write
+/// cut short by a kill leaves a partial last line, which a reader skips as long as it is the
+/// last, but a line appended after it would join it and make both unreadable. A last line that
+/// is whole JSON but lacks its `\n` (a file written by hand) is kept and given one.
+fn cut_torn_tail(f: &mut std::fs::File) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
     let len = f.metadata()?.len();
     let mut end = len;
@@ -279,18 +285,27 @@ pub(crate) fn cut_torn_tail(f: &mut std::fs::File) -> std::io::Result<()> {
         }
         end = start;
     }
-    if end < len {
-        f.set_len(end)?;
+    if end == len {
+        return Ok(());
     }
-    Ok(())
+    let mut tail = Vec::new();
+    f.seek(SeekFrom::Start(end))?;
+    f.read_to_end(&mut tail)?;
+    if serde_json::from_slice::<serde::de::IgnoredAny>(&tail).is_ok() {
+        f.write_all(b"\n")
+    } else {
+        f.set_len(end)
+    }
 }
 
 /// Checkpointed predictions of a results folder.
 pub fn predictions(out: &Path) -> Result<Vec<Prediction>> {
     let mut all = Vec::new();
     let dir = out.join("predictions");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Ok(all);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(all),
+        Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", dir.display())),
     };
     let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();
@@ -1178,6 +1193,14 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             "{\"n\":1}\n{\"n\":3}\n{\"n\":4}\n"
+        );
+        // A whole last line without its newline is kept.
+        let hand = dir.path().join("hand.jsonl");
+        std::fs::write(&hand, "{\"n\":6}\n{\"n\":7}").unwrap();
+        append_line(&hand, &serde_json::json!({"n": 8})).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&hand).unwrap(),
+            "{\"n\":6}\n{\"n\":7}\n{\"n\":8}\n"
         );
         // A file holding only a torn line is emptied before the append.
         let only = dir.path().join("only.jsonl");

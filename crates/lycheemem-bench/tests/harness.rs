@@ -564,6 +564,7 @@ fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved(
     assert_eq!(items, first_wave);
 }
 
+#[cfg(unix)] // the unwritable checkpoint is a dangling symlink
 #[test]
 fn a_run_that_fails_stops_the_memories_being_built_at_their_next_session() {
     let dir = tempfile::tempdir().unwrap();
