@@ -53,7 +53,6 @@ pub struct ReplayLlm {
     /// Keys of the calls now with the model; a caller of the same key waits on `answered`.
     in_flight: Mutex<HashSet<String>>,
     answered: Condvar,
-    file: Mutex<()>,
     replayed: AtomicU64,
     made: AtomicU64,
 }
@@ -90,7 +89,6 @@ impl ReplayLlm {
             answers: Mutex::new(answers),
             in_flight: Mutex::new(HashSet::new()),
             answered: Condvar::new(),
-            file: Mutex::new(()),
             replayed: AtomicU64::new(0),
             made: AtomicU64::new(0),
         })
@@ -136,7 +134,7 @@ impl ReplayLlm {
     }
 
     fn append(&self, path: &Path, entry: &Entry) -> Result<()> {
-        let _guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        // `append_to_log` locks the file: threads and processes appending at once stay whole.
         let mut line = serde_json::to_vec(entry).map_err(|e| Error::Store(e.to_string()))?;
         line.push(b'\n');
         crate::run::append_to_log(path, &line)

@@ -1194,19 +1194,20 @@ mod tests {
             std::fs::read_to_string(&path).unwrap(),
             "{\"n\":1}\n{\"n\":3}\n{\"n\":4}\n"
         );
+        // A file as left on disk, after one more line is appended.
+        let appended = |name: &str, on_disk: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, on_disk).unwrap();
+            append_line(&path, &serde_json::json!({"n": 9})).unwrap();
+            std::fs::read_to_string(&path).unwrap()
+        };
         // A whole last line without its newline is kept.
-        let hand = dir.path().join("hand.jsonl");
-        std::fs::write(&hand, "{\"n\":6}\n{\"n\":7}").unwrap();
-        append_line(&hand, &serde_json::json!({"n": 8})).unwrap();
         assert_eq!(
-            std::fs::read_to_string(&hand).unwrap(),
-            "{\"n\":6}\n{\"n\":7}\n{\"n\":8}\n"
+            appended("hand.jsonl", "{\"n\":6}\n{\"n\":7}"),
+            "{\"n\":6}\n{\"n\":7}\n{\"n\":9}\n"
         );
         // A file holding only a torn line is emptied before the append.
-        let only = dir.path().join("only.jsonl");
-        std::fs::write(&only, "{\"n\"").unwrap();
-        append_line(&only, &serde_json::json!({"n": 5})).unwrap();
-        assert_eq!(std::fs::read_to_string(&only).unwrap(), "{\"n\":5}\n");
+        assert_eq!(appended("only.jsonl", "{\"n\""), "{\"n\":9}\n");
     }
 
     #[test]
