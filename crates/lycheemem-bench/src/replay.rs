@@ -134,11 +134,8 @@ impl ReplayLlm {
     }
 
     fn append(&self, path: &Path, entry: &Entry) -> Result<()> {
-        // `append_to_log` locks the file: threads and processes appending at once stay whole.
-        let mut line = serde_json::to_vec(entry).map_err(|e| Error::Store(e.to_string()))?;
-        line.push(b'\n');
-        crate::run::append_to_log(path, &line)
-            .map_err(|e| Error::Store(format!("writing {}: {e}", path.display())))
+        // `append_line` locks the file: threads and processes appending at once stay whole.
+        crate::run::append_line(path, entry).map_err(|e| Error::Store(format!("{e:#}")))
     }
 }
 

@@ -253,7 +253,7 @@ pub(crate) fn append_line<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 /// Appends `line` (one JSON line with its `\n`) to a JSON Lines file, created if missing, under
 /// an exclusive lock on the file (logs in the cache are shared by every run on the machine), and
 /// synced. A last line a kill cut short is removed first, so `line` never continues it.
-pub(crate) fn append_to_log(path: &Path, line: &[u8]) -> std::io::Result<()> {
+fn append_to_log(path: &Path, line: &[u8]) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .read(true)
