@@ -508,10 +508,10 @@ pub fn run(
         variants.iter().map(Variant::construction_hash).collect();
     // Items are taken in waves of `WAVE_PER_JOB` × jobs. With several jobs, a builder thread builds
     // every missing memory in item order, `jobs` at a time (their encoder calls are decoded
-    // together by a local LLM), without waiting for questions: while a wave's questions are
-    // planned and evaluated (`jobs` at a time across its items and variants), the next waves'
-    // memories are being built, so the LLM's batch stays full when a wave's last memories or
-    // questions are few. A run over many small items (LongMemEval: one question each) so
+    // together by a local LLM), without waiting for questions. A wave's questions are planned
+    // while its memories are being built (plans need no memory), and evaluated (`jobs` at a time
+    // across its items and variants) while the next waves' memories are being built, so the
+    // LLM's batch stays full when a wave's last memories or questions are few. A run over many small items (LongMemEval: one question each) so
     // checkpoints predictions wave by wave instead of after every memory is built. With one job,
     // each memory is built when its wave comes.
     let items: Vec<(usize, &Vec<usize>)> = by_item.iter().map(|(&i, qs)| (i, qs)).collect();
@@ -603,6 +603,28 @@ pub fn run(
         let mut fresh: HashSet<(usize, String)> = HashSet::new();
         let result = (|| -> Result<()> {
             for (w, &wave) in waves.iter().enumerate() {
+                // Plans need no memory: the wave's questions are planned while its memories are
+                // still being built, so plan and encoder calls share the LLM's batch.
+                for v in variants.iter().filter(|v| v.plans()) {
+                    let questions: Vec<&Question> = wave
+                        .iter()
+                        .flat_map(|&(i, qs)| {
+                            let item = &dataset.items[i];
+                            pending(v, item, qs, &done)
+                                .into_iter()
+                                .map(move |j| &item.questions[j])
+                        })
+                        .collect();
+                    prefetch_plans(
+                        &questions,
+                        v,
+                        comps,
+                        &mut plan_logs,
+                        &mut plans,
+                        spec.jobs,
+                        progress,
+                    )?;
+                }
                 while unbuilt[w] > 0 {
                     match built_rx.try_recv() {
                         Ok(Ok((x, i, hash))) => {
@@ -706,26 +728,6 @@ pub fn run(
                             )?,
                         );
                     }
-                }
-                for v in variants.iter().filter(|v| v.plans()) {
-                    let questions: Vec<&Question> = wave
-                        .iter()
-                        .flat_map(|&(i, qs)| {
-                            let item = &dataset.items[i];
-                            pending(v, item, qs, &done)
-                                .into_iter()
-                                .map(move |j| &item.questions[j])
-                        })
-                        .collect();
-                    prefetch_plans(
-                        &questions,
-                        v,
-                        comps,
-                        &mut plan_logs,
-                        &mut plans,
-                        spec.jobs,
-                        progress,
-                    )?;
                 }
                 // (item, variant, question) to evaluate; `full_context` apart, one at a time, so every
                 // call reuses the cached history prefix and prefills only its question.
