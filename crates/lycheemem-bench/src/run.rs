@@ -585,6 +585,9 @@ pub fn run(
                 );
                 builder_finished.store(true, Ordering::SeqCst);
                 if let Err(e) = result {
+                    // Shown at once: the calling thread sees the error only when it next waits
+                    // for a memory (after the wave's plans).
+                    say(format!("the memory builder stopped: {e:#}"));
                     let _ = built_tx.send(Err(e));
                 }
             });
