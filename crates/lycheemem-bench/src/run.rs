@@ -511,9 +511,10 @@ pub fn run(
     // together by a local LLM), without waiting for questions. A wave's questions are planned
     // while its memories are being built (plans need no memory), and evaluated (`jobs` at a time
     // across its items and variants) while the next waves' memories are being built, so the
-    // LLM's batch stays full when a wave's last memories or questions are few. A run over many small items (LongMemEval: one question each) so
-    // checkpoints predictions wave by wave instead of after every memory is built. With one job,
-    // each memory is built when its wave comes.
+    // LLM's batch stays full when a wave's last memories or questions are few. A run over many
+    // small items (LongMemEval: one question each) so checkpoints predictions wave by wave
+    // instead of after every memory is built. With one job, each memory is built when its wave
+    // comes.
     let items: Vec<(usize, &Vec<usize>)> = by_item.iter().map(|(&i, qs)| (i, qs)).collect();
     let waves: Vec<&[(usize, &Vec<usize>)]> =
         items.chunks(spec.jobs.max(1) * WAVE_PER_JOB).collect();
