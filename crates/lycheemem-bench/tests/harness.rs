@@ -530,6 +530,71 @@ fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
     assert_eq!(again.len(), 10, "{again:#?}");
 }
 
+/// The planner: passes calls on and notes that one was made.
+struct NotingPlanner {
+    inner: Arc<ScriptedLlm>,
+    planned: Arc<AtomicBool>,
+}
+
+impl Llm for NotingPlanner {
+    fn complete(
+        &self,
+        messages: &[ChatMessage],
+        options: &GenerateOptions,
+    ) -> LlmResult<Completion> {
+        self.planned.store(true, Ordering::SeqCst);
+        self.inner.complete(messages, options)
+    }
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+    fn context_length(&self) -> Option<usize> {
+        self.inner.context_length()
+    }
+}
+
+#[test]
+fn a_wave_is_planned_while_its_memories_are_being_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = five_conversations(dir.path(), "session_2");
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let mut b = backends(llm.clone(), miso_judge());
+    // conv-0 (first wave) cannot finish its memory until a question has been planned: a run that
+    // waited for the wave's memories before planning would hold it the full 30 s.
+    let (planned, gave_up) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    b.components.encode_llm = Arc::new(WatchingEncoder {
+        inner: llm.clone(),
+        marker: "zq0x",
+        seen: Arc::new(AtomicBool::new(false)),
+        hold: Some((planned.clone(), gave_up.clone())),
+    });
+    b.components.plan_llm = Arc::new(NotingPlanner {
+        inner: llm.clone(),
+        planned: planned.clone(),
+    });
+    let spec = RunSpec {
+        jobs: 2,
+        retrieval_only: true,
+        ..spec_for(
+            &path,
+            &dir.path().join("results"),
+            &dir.path().join("cache"),
+            &["full"],
+        )
+    };
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    assert!(planned.load(Ordering::SeqCst));
+    assert!(
+        !gave_up.load(Ordering::SeqCst),
+        "conv-0's memory waited for the first wave's plans"
+    );
+    // The plans made early are the ones used: every question has its prediction.
+    assert_eq!(run::predictions(&spec.out).unwrap().len(), 10);
+}
+
 #[test]
 fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved() {
     let dir = tempfile::tempdir().unwrap();
@@ -552,8 +617,16 @@ fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved(
     let (folder, _) = construct::paths(&spec.cache, data.kind, "conv-4", &hash).unwrap();
     std::fs::create_dir_all(&spec.cache).unwrap();
     std::fs::write(&folder, "not a memory").unwrap();
-    let err = run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap_err();
+    let mut lines = Vec::new();
+    let err = run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap_err();
     assert!(format!("{err:#}").contains("locomo.conv-4"), "{err:#}");
+    // The builder's error is shown as its own line, not only as the run's final error.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("the memory builder stopped:") && l.contains("locomo.conv-4")),
+        "{lines:#?}"
+    );
     // The fifth memory failed; the first wave's questions were still evaluated and saved.
     let items: BTreeSet<String> = run::predictions(&spec.out)
         .unwrap()
