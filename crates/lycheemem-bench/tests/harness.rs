@@ -386,16 +386,16 @@ fn five_conversations(
     (path, data)
 }
 
-/// The encoder: passes calls on and notes when one has seen `marker`; with `hold`, that call
-/// first waits (30 s at most) until `hold` is set, and notes if it gave up.
-struct WatchingEncoder {
+/// An LLM (an encoder or a planner) that passes calls on and notes when one has seen `marker`;
+/// with `hold`, that call first waits (30 s at most) until `hold` is set, and notes if it gave up.
+struct WatchingLlm {
     inner: Arc<ScriptedLlm>,
     marker: &'static str,
     seen: Arc<AtomicBool>,
     hold: Option<(Arc<AtomicBool>, Arc<AtomicBool>)>,
 }
 
-impl Llm for WatchingEncoder {
+impl Llm for WatchingLlm {
     fn complete(
         &self,
         messages: &[ChatMessage],
@@ -468,7 +468,7 @@ fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
     );
-    b.components.encode_llm = Arc::new(WatchingEncoder {
+    b.components.encode_llm = Arc::new(WatchingLlm {
         inner: llm.clone(),
         marker: "zq4x",
         seen: seen.clone(),
@@ -530,29 +530,6 @@ fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
     assert_eq!(again.len(), 10, "{again:#?}");
 }
 
-/// The planner: passes calls on and notes that one was made.
-struct NotingPlanner {
-    inner: Arc<ScriptedLlm>,
-    planned: Arc<AtomicBool>,
-}
-
-impl Llm for NotingPlanner {
-    fn complete(
-        &self,
-        messages: &[ChatMessage],
-        options: &GenerateOptions,
-    ) -> LlmResult<Completion> {
-        self.planned.store(true, Ordering::SeqCst);
-        self.inner.complete(messages, options)
-    }
-    fn model_id(&self) -> &str {
-        self.inner.model_id()
-    }
-    fn context_length(&self) -> Option<usize> {
-        self.inner.context_length()
-    }
-}
-
 #[test]
 fn a_wave_is_planned_while_its_memories_are_being_built() {
     let dir = tempfile::tempdir().unwrap();
@@ -565,15 +542,18 @@ fn a_wave_is_planned_while_its_memories_are_being_built() {
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
     );
-    b.components.encode_llm = Arc::new(WatchingEncoder {
+    b.components.encode_llm = Arc::new(WatchingLlm {
         inner: llm.clone(),
         marker: "zq0x",
         seen: Arc::new(AtomicBool::new(false)),
         hold: Some((planned.clone(), gave_up.clone())),
     });
-    b.components.plan_llm = Arc::new(NotingPlanner {
+    // Every call contains the empty marker: the planner notes its first call.
+    b.components.plan_llm = Arc::new(WatchingLlm {
         inner: llm.clone(),
-        planned: planned.clone(),
+        marker: "",
+        seen: planned.clone(),
+        hold: None,
     });
     let spec = RunSpec {
         jobs: 2,
@@ -651,7 +631,7 @@ fn a_run_that_fails_stops_the_memories_being_built_at_their_next_session() {
     );
     let seen = Arc::new(AtomicBool::new(false));
     let plan_gave_up = Arc::new(AtomicBool::new(false));
-    b.components.encode_llm = Arc::new(WatchingEncoder {
+    b.components.encode_llm = Arc::new(WatchingLlm {
         inner: llm.clone(),
         marker: "zq4x",
         seen: seen.clone(),
