@@ -5,6 +5,12 @@
 //! so index contents and the recorded position are committed atomically. Text is analysed
 //! with tantivy's English stemmer; queries are tokenized with the same analyzer and OR-ed as
 //! term queries, so no query syntax can fail to parse.
+//!
+//! BM25 statistics (document count, document frequencies, average length) are taken over the
+//! live documents only ([`LiveStats`]). Tantivy's own statistics still count a replaced or
+//! deleted document until a merge purges it, so the same contents would score differently
+//! depending on their history: how often a record was restated, where a build was resumed.
+//! Ties are broken by document id, so equal contents also rank equally.
 
 use lycheemem_core::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -12,12 +18,17 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tantivy::collector::{Count, TopDocs};
-use tantivy::query::{BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery};
+use tantivy::query::{
+    Bm25StatisticsProvider, BooleanQuery, ConstScoreQuery, Occur, Query, TermQuery,
+};
 use tantivy::schema::{
     Field, IndexRecordOption, NumericOptions, STRING, Schema, TextFieldIndexing, TextOptions, Value,
 };
 use tantivy::tokenizer::TextAnalyzer;
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+use tantivy::{
+    DocSet, Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TERMINATED, TantivyDocument,
+    Term,
+};
 
 use crate::types::Target;
 
@@ -54,6 +65,8 @@ pub(crate) struct FullText {
     analyzer: Mutex<TextAnalyzer>,
     /// Documents were added or deleted since the last commit.
     dirty: AtomicBool,
+    /// The live documents' text length, by searcher generation (see [`LiveStats`]).
+    live_tokens: Mutex<Option<(u64, u64)>>,
     /// The last change applied to the writer (guarded by the store's write lock).
     pub applied: u64,
     /// The last change included in a commit.
@@ -154,6 +167,7 @@ impl FullText {
             reader,
             analyzer: Mutex::new(analyzer),
             dirty: AtomicBool::new(false),
+            live_tokens: Mutex::new(None),
             applied,
             committed: applied,
         })
@@ -286,8 +300,19 @@ impl FullText {
         clauses.push((Occur::Must, Box::new(BooleanQuery::new(text_clauses))));
         let query = BooleanQuery::new(clauses);
         let searcher = self.reader.searcher();
+        let stats = LiveStats {
+            searcher: &searcher,
+            text: self.fields.text,
+            text_tokens: self.live_tokens(&searcher)?,
+        };
+        // Documents tied with the k-th are collected too (up to `TIE_MARGIN` of them), so that
+        // which of them make the cut is decided by id, not by their place in the index.
         let top = searcher
-            .search(&query, &TopDocs::with_limit(k).order_by_score())
+            .search_with_statistics_provider(
+                &query,
+                &TopDocs::with_limit(k + TIE_MARGIN).order_by_score(),
+                &stats,
+            )
             .map_err(|e| text_err("search", e))?;
         let mut out = Vec::with_capacity(top.len());
         for (score, addr) in top {
@@ -296,7 +321,33 @@ impl FullText {
                 out.push((id.to_string(), score));
             }
         }
+        out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out.truncate(k);
         Ok(out)
+    }
+
+    /// Tokens in the text field of the live documents seen by `searcher` (computed once per
+    /// searcher generation).
+    fn live_tokens(&self, searcher: &Searcher) -> Result<u64> {
+        let generation = searcher.generation().generation_id();
+        let mut cached = self.live_tokens.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((g, tokens)) = *cached
+            && g == generation
+        {
+            return Ok(tokens);
+        }
+        let mut tokens = 0u64;
+        for segment in searcher.segment_readers() {
+            let norms = segment
+                .get_fieldnorms_reader(self.fields.text)
+                .map_err(|e| text_err("field norms", e))?;
+            tokens += segment
+                .doc_ids_alive()
+                .map(|doc| u64::from(norms.fieldnorm(doc)))
+                .sum::<u64>();
+        }
+        *cached = Some((generation, tokens));
+        Ok(tokens)
     }
 
     /// Committed documents of `(ns, target)`.
@@ -308,5 +359,51 @@ impl FullText {
             .search(&query, &Count)
             .map_err(|e| text_err("count", e))?;
         Ok(n as u64)
+    }
+}
+
+/// Extra documents collected past `k` so that ties at the cut are ranked by id.
+const TIE_MARGIN: usize = 16;
+
+/// BM25 statistics over the live documents of a searcher: the document count and document
+/// frequencies leave out deleted documents that no merge has purged yet, and the text length
+/// is the sum of the live documents' field norms (the same per-document lengths BM25 scores
+/// with), so a score depends only on what the index holds.
+struct LiveStats<'a> {
+    searcher: &'a Searcher,
+    text: Field,
+    text_tokens: u64,
+}
+
+impl Bm25StatisticsProvider for LiveStats<'_> {
+    fn total_num_tokens(&self, field: Field) -> tantivy::Result<u64> {
+        if field == self.text {
+            Ok(self.text_tokens)
+        } else {
+            self.searcher.total_num_tokens(field)
+        }
+    }
+
+    fn total_num_docs(&self) -> tantivy::Result<u64> {
+        Ok(self.searcher.num_docs())
+    }
+
+    fn doc_freq(&self, term: &Term) -> tantivy::Result<u64> {
+        let mut n = 0u64;
+        for segment in self.searcher.segment_readers() {
+            let index = segment.inverted_index(term.field())?;
+            let Some(alive) = segment.alive_bitset() else {
+                n += u64::from(index.doc_freq(term)?);
+                continue;
+            };
+            if let Some(mut postings) = index.read_postings(term, IndexRecordOption::Basic)? {
+                let mut doc = postings.doc();
+                while doc != TERMINATED {
+                    n += u64::from(alive.is_alive(doc));
+                    doc = postings.advance();
+                }
+            }
+        }
+        Ok(n)
     }
 }

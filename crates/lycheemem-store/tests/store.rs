@@ -874,3 +874,69 @@ fn a_restated_record_keeps_its_first_statement_and_unions_the_cited_turns() {
         assert!(!seg.record_ids.contains(&id), "{:?}", seg.segment.id);
     }
 }
+
+/// Writes the same session (turns and records about cats and bikes) into `ns` of `store`.
+fn write_cats_and_bikes(store: &Store, ns: &lycheemem_core::Namespace) {
+    store
+        .put_session(ns, SessionInfo::new(sid("s1"), Some("2023-05-08".into())))
+        .unwrap();
+    add_turns(store, ns, "s1", 4, 0);
+    let texts = [
+        "Alice adopted a tabby cat",
+        "Alice rides her bike to work",
+        "The cat sleeps on the bike seat",
+        "Alice bought a cat tree and a cat bed",
+        "Bob fixed the bike chain",
+        "Alice thinks a cat is better than a dog",
+    ];
+    store
+        .commit_segment(ns, segment_write(ns, "s1", 0, 3, &texts, 100))
+        .unwrap();
+}
+
+#[test]
+fn bm25_scores_depend_on_what_the_store_holds_not_on_what_it_held() {
+    // Two stores end up holding the same namespace; one also held another namespace full of
+    // the query's words, committed to the full-text index together with it (so they share an
+    // index segment), then deleted. Deleted documents stay in a segment with live ones until a
+    // merge purges them, and must not count towards document frequencies, the document count
+    // or the average length.
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (clean, used) = (open(d1.path()), open(d2.path()));
+    let (a, b) = (ns("alice"), ns("bob"));
+    used.put_session(&b, SessionInfo::new(sid("s1"), None))
+        .unwrap();
+    add_turns(&used, &b, "s1", 2, 50);
+    let noise: Vec<String> = (0..12)
+        .map(|i| format!("cat cat cat number {i} with a long tail of words to change lengths"))
+        .collect();
+    let noise: Vec<&str> = noise.iter().map(String::as_str).collect();
+    used.commit_segment(&b, segment_write(&b, "s1", 0, 1, &noise, 500))
+        .unwrap();
+    write_cats_and_bikes(&used, &a);
+    assert_eq!(
+        used.text_search(&b, Target::Record, "cat", 20, None)
+            .unwrap()
+            .len(),
+        12
+    );
+    used.delete_namespace(&b).unwrap();
+    write_cats_and_bikes(&clean, &a);
+    for (target, query) in [
+        (Target::Record, "cat bike"),
+        (Target::Record, "Alice cat"),
+        (Target::Turn, "turn word2"),
+    ] {
+        let hits = |store: &Store| -> Vec<(ItemRef, f32)> {
+            store
+                .text_search(&a, target, query, 4, None)
+                .unwrap()
+                .into_iter()
+                .map(|h| (h.item, h.score))
+                .collect()
+        };
+        let expected = hits(&clean);
+        assert!(!expected.is_empty());
+        assert_eq!(hits(&used), expected, "{query}");
+    }
+}
