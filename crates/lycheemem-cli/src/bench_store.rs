@@ -299,24 +299,38 @@ fn run_size(
     }
     store.set_hnsw_expansion_search(options.index.hnsw_expansion_search);
 
-    // BM25 over the record texts.
-    let mut ms = Vec::with_capacity(q_count);
-    let mut nonempty = 0;
-    for _ in 0..q_count {
-        let q = sentence(&mut qrng, vocab, 3);
-        let t = Instant::now();
-        let hits = store.text_search(&ns, Target::Record, &q, 10, None)?;
-        ms.push(t.elapsed().as_secs_f64() * 1e3);
-        nonempty += usize::from(!hits.is_empty());
-    }
-    ms.sort_by(f64::total_cmp);
+    // BM25 over the record texts, then again once some records are deleted: the deleted
+    // documents stay in the index segments, and BM25 statistics then count the live documents
+    // of every segment that holds a deleted one (a walk over each query term's postings).
+    let text_queries: Vec<String> = (0..q_count)
+        .map(|_| sentence(&mut qrng, vocab, 3))
+        .collect();
+    let bm25 = |store: &Store| -> Result<(f64, f64, usize)> {
+        let mut ms = Vec::with_capacity(q_count);
+        let mut nonempty = 0;
+        for q in &text_queries {
+            let t = Instant::now();
+            let hits = store.text_search(&ns, Target::Record, q, 10, None)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            nonempty += usize::from(!hits.is_empty());
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok((percentile(&ms, 0.5), percentile(&ms, 0.99), nonempty))
+    };
+    let (live_p50, live_p99, nonempty) = bm25(&store)?;
     row(
         "BM25 top-10 p50 / p99 ms (3-word queries)",
-        format!(
-            "{:.2} / {:.2} ({nonempty}/{q_count} with hits)",
-            percentile(&ms, 0.5),
-            percentile(&ms, 0.99)
-        ),
+        format!("{live_p50:.2} / {live_p99:.2} ({nonempty}/{q_count} with hits)"),
+    );
+    let deleted = (n / 100).clamp(1, 200);
+    for i in 0..deleted {
+        store.delete_record(&ns, &record_ids[i * (n / deleted)])?;
+    }
+    store.text_search(&ns, Target::Record, &text_queries[0], 10, None)?; // commit the deletes
+    let (p50, p99, _) = bm25(&store)?;
+    row(
+        &format!("BM25 after deleting {deleted} records: p50 / p99 ms, p50 vs before"),
+        format!("{p50:.2} / {p99:.2}, {:.2}x", p50 / live_p50),
     );
 
     let disk = store.disk_bytes();
