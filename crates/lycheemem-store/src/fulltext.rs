@@ -310,7 +310,7 @@ impl FullText {
         let top = searcher
             .search_with_statistics_provider(
                 &query,
-                &TopDocs::with_limit(k + TIE_MARGIN).order_by_score(),
+                &TopDocs::with_limit(k.saturating_add(TIE_MARGIN)).order_by_score(),
                 &stats,
             )
             .map_err(|e| text_err("search", e))?;
