@@ -268,10 +268,21 @@ fn salvage_records(text: &str) -> Vec<Value> {
     };
     let body = &rest[open + 1..];
     let mut out = Vec::new();
-    let mut depth = 0usize;
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
     let mut object_start = None;
-    for (i, c) in lycheemem_core::text::json_structure(body) {
+    for (i, c) in body.char_indices() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
         match c {
+            '"' => in_string = true,
             '{' => {
                 if depth == 0 {
                     object_start = Some(i);

@@ -341,8 +341,20 @@ fn complete_prefix(text: &str) -> Option<Value> {
     // with the brackets open there.
     let mut cuts: Vec<(usize, Vec<char>)> = Vec::new();
     let mut open: Vec<char> = Vec::new();
-    for (i, c) in lycheemem_core::text::json_structure(body) {
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, c) in body.char_indices() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
         match c {
+            '"' => in_string = true,
             '{' | '[' => open.push(c),
             '}' | ']' => {
                 open.pop();
