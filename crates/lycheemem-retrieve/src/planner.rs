@@ -232,11 +232,6 @@ pub fn parse_plan(
                 .then(|| serde_json::from_str(&t[a..=b]).ok())
                 .flatten()
         })
-        .or_else(|| {
-            let kept = complete_prefix(t)?;
-            tracing::debug!("the plan was cut off; planning with its complete part");
-            Some(kept)
-        })
         .ok_or_else(|| "the plan is not a JSON object".to_string())?;
     if !value.is_object() {
         return Err("the plan is not a JSON object".into());
@@ -330,52 +325,6 @@ pub fn parse_plan(
     })
 }
 
-/// A reply cut off by the output budget (a small model repeating one query until it runs out
-/// of tokens): the object made of everything complete before the cut, that is the reply up to
-/// its last complete value with the open arrays and objects closed. `None` when nothing before
-/// the cut is complete.
-fn complete_prefix(text: &str) -> Option<Value> {
-    let start = text.find('{')?;
-    let body = &text[start..];
-    // Places where the reply can be cut (a structural comma, or just after a closing bracket),
-    // with the brackets open there.
-    let mut cuts: Vec<(usize, Vec<char>)> = Vec::new();
-    let mut open: Vec<char> = Vec::new();
-    let (mut in_string, mut escaped) = (false, false);
-    for (i, c) in body.char_indices() {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_string = false;
-            }
-            continue;
-        }
-        match c {
-            '"' => in_string = true,
-            '{' | '[' => open.push(c),
-            '}' | ']' => {
-                open.pop();
-                if open.is_empty() {
-                    break;
-                }
-                cuts.push((i + 1, open.clone()));
-            }
-            ',' => cuts.push((i, open.clone())),
-            _ => {}
-        }
-    }
-    cuts.into_iter().rev().find_map(|(at, open)| {
-        let mut candidate = body[..at].to_string();
-        candidate.extend(open.iter().rev().map(|&c| if c == '{' { '}' } else { ']' }));
-        serde_json::from_str::<Value>(&candidate)
-            .ok()
-            .filter(Value::is_object)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,37 +410,5 @@ mod tests {
     fn garbage_is_an_error_that_plan_turns_into_the_fallback() {
         assert!(parse_plan("I think you should search.", "Q?", None, &cfg()).is_err());
         assert!(parse_plan("[1,2]", "Q?", None, &cfg()).is_err());
-    }
-
-    #[test]
-    fn a_plan_cut_off_by_the_output_budget_keeps_what_was_complete() {
-        // A small model repeating one query until it runs out of tokens (a real reply's shape).
-        let q = "Why did Jolene get the new plant, {then}?";
-        let repeated = vec![format!("\"{q} \""); 16].join(", ");
-        let reply = format!(
-            "{{\"question_type\": \"single\", \"semantic_queries\": [\"Jolene plant\", {repeated}], \
-             \"temporal_filter\": {{\"since\": \"2023-08-30\", \"until\": \"2023-08-30\"}}, \
-             \"routes\": [{{\"route_id\": \"r1\", \"goal\": \"why the plant\", \
-             \"queries\": [\"Jolene plant\", \"Jolene new plant rea"
-        );
-        let plan = parse_plan(&reply, q, Some("2023-09-20"), &cfg()).unwrap();
-        assert_eq!(plan.semantic_queries, ["Jolene plant", q]);
-        assert_eq!(plan.temporal_filter.since.as_deref(), Some("2023-08-30"));
-        assert_eq!(plan.routes.len(), 1);
-        assert_eq!(plan.routes[0].goal, "why the plant");
-        assert_eq!(plan.routes[0].queries, ["Jolene plant"]);
-        assert_eq!(
-            plan.routes[0].temporal_filter.until.as_deref(),
-            Some("2023-08-30"),
-            "the route without its own filter takes the plan's"
-        );
-        // Cut inside the first member: nothing is complete, so the fallback plan is used.
-        let err = parse_plan("{\"question_type\": \"sing", q, None, &cfg()).unwrap_err();
-        assert_eq!(err, "the plan is not a JSON object");
-        // Cut inside the first member's list: the complete query is kept, and with no route the
-        // question's own route carries it.
-        let plan = parse_plan("{\"semantic_queries\": [\"a\", \"b", q, None, &cfg()).unwrap();
-        assert_eq!(plan.semantic_queries, ["a"]);
-        assert_eq!(plan.routes[0].queries, [q, "a"]);
     }
 }
