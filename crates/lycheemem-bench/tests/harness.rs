@@ -362,6 +362,25 @@ fn parallel_jobs_give_the_same_results_as_one_at_a_time() {
     );
 }
 
+/// A run with two jobs (waves of 4 items) and no answer or judge calls, writing its results and
+/// cache under `dir`.
+fn two_jobs_retrieval_only(
+    dir: &std::path::Path,
+    dataset: &std::path::Path,
+    variants: &[&str],
+) -> RunSpec {
+    RunSpec {
+        jobs: 2,
+        retrieval_only: true,
+        ..spec_for(dataset, &dir.join("results"), &dir.join("cache"), variants)
+    }
+}
+
+/// A flag a test double sets or waits on.
+fn flag() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
 /// Five copies of the tiny conversation, `conv-0` … `conv-4`, each with a line of its own in
 /// `session` (`zq<n>x`, so none replays another's encoder calls).
 fn five_conversations(
@@ -386,6 +405,18 @@ fn five_conversations(
     (path, data)
 }
 
+/// Waits (30 s at most) until `flag` is set; sets `gave_up` when it was not.
+fn wait_for(flag: &AtomicBool, gave_up: &AtomicBool) {
+    let start = std::time::Instant::now();
+    while !flag.load(Ordering::SeqCst) {
+        if start.elapsed() > std::time::Duration::from_secs(30) {
+            gave_up.store(true, Ordering::SeqCst);
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// An LLM (an encoder or a planner) that passes calls on and notes when one has seen `marker`;
 /// with `hold`, that call first waits (30 s at most) until `hold` is set, and notes if it gave up.
 struct WatchingLlm {
@@ -404,14 +435,7 @@ impl Llm for WatchingLlm {
         if messages.iter().any(|m| m.content.contains(self.marker)) {
             self.seen.store(true, Ordering::SeqCst);
             if let Some((hold, gave_up)) = &self.hold {
-                let start = std::time::Instant::now();
-                while !hold.load(Ordering::SeqCst) {
-                    if start.elapsed() > std::time::Duration::from_secs(30) {
-                        gave_up.store(true, Ordering::SeqCst);
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
+                wait_for(hold, gave_up);
             }
         }
         self.inner.complete(messages, options)
@@ -438,14 +462,7 @@ impl Llm for WaitingPlanner {
         messages: &[ChatMessage],
         options: &GenerateOptions,
     ) -> LlmResult<Completion> {
-        let start = std::time::Instant::now();
-        while !self.seen.load(Ordering::SeqCst) {
-            if start.elapsed() > std::time::Duration::from_secs(30) {
-                self.gave_up.store(true, Ordering::SeqCst);
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        wait_for(&self.seen, &self.gave_up);
         self.inner.complete(messages, options)
     }
     fn model_id(&self) -> &str {
@@ -464,10 +481,7 @@ fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
     let mut b = backends(llm.clone(), miso_judge());
     // The first wave's questions are planned only once the fifth conversation's memory is being
     // built: memories are built ahead, not after the wave's questions.
-    let (seen, gave_up) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (seen, gave_up) = (flag(), flag());
     b.components.encode_llm = Arc::new(WatchingLlm {
         inner: llm.clone(),
         marker: "zq4x",
@@ -479,16 +493,7 @@ fn a_run_over_many_items_goes_in_waves_builds_ahead_and_checkpoints_each() {
         seen: seen.clone(),
         gave_up: gave_up.clone(),
     });
-    let spec = RunSpec {
-        jobs: 2,
-        retrieval_only: true,
-        ..spec_for(
-            &path,
-            &dir.path().join("results"),
-            &dir.path().join("cache"),
-            &["full", "naive_rag"],
-        )
-    };
+    let spec = two_jobs_retrieval_only(dir.path(), &path, &["full", "naive_rag"]);
     let mut lines = Vec::new();
     run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();
     // Two jobs: waves of 4 items. All 5 memories are built 2 at a time, ahead of the questions;
@@ -538,14 +543,11 @@ fn a_wave_is_planned_while_its_memories_are_being_built() {
     let mut b = backends(llm.clone(), miso_judge());
     // conv-0 (first wave) cannot finish its memory until a question has been planned: a run that
     // waited for the wave's memories before planning would hold it the full 30 s.
-    let (planned, gave_up) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
+    let (planned, gave_up) = (flag(), flag());
     b.components.encode_llm = Arc::new(WatchingLlm {
         inner: llm.clone(),
         marker: "zq0x",
-        seen: Arc::new(AtomicBool::new(false)),
+        seen: flag(),
         hold: Some((planned.clone(), gave_up.clone())),
     });
     // Every call contains the empty marker: the planner notes its first call.
@@ -555,16 +557,7 @@ fn a_wave_is_planned_while_its_memories_are_being_built() {
         seen: planned.clone(),
         hold: None,
     });
-    let spec = RunSpec {
-        jobs: 2,
-        retrieval_only: true,
-        ..spec_for(
-            &path,
-            &dir.path().join("results"),
-            &dir.path().join("cache"),
-            &["full"],
-        )
-    };
+    let spec = two_jobs_retrieval_only(dir.path(), &path, &["full"]);
     run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
     assert!(planned.load(Ordering::SeqCst));
     assert!(
@@ -580,16 +573,7 @@ fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved(
     let dir = tempfile::tempdir().unwrap();
     let (path, data) = five_conversations(dir.path(), "session_2");
     let b = backends(Arc::new(ScriptedLlm::pipeline("Miso")), miso_judge());
-    let spec = RunSpec {
-        jobs: 2,
-        retrieval_only: true,
-        ..spec_for(
-            &path,
-            &dir.path().join("results"),
-            &dir.path().join("cache"),
-            &["full"],
-        )
-    };
+    let spec = two_jobs_retrieval_only(dir.path(), &path, &["full"]);
     // The fifth conversation's memory cannot be opened: a file is where its folder goes.
     let hash = Variant::new("full", &Config::default())
         .unwrap()
@@ -625,12 +609,9 @@ fn a_run_that_fails_stops_the_memories_being_built_at_their_next_session() {
     let (path, data) = five_conversations(dir.path(), "session_1");
     let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
     let mut b = backends(llm.clone(), miso_judge());
-    let (failed, gave_up) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let seen = Arc::new(AtomicBool::new(false));
-    let plan_gave_up = Arc::new(AtomicBool::new(false));
+    let (failed, gave_up) = (flag(), flag());
+    let seen = flag();
+    let plan_gave_up = flag();
     b.components.encode_llm = Arc::new(WatchingLlm {
         inner: llm.clone(),
         marker: "zq4x",
@@ -643,16 +624,7 @@ fn a_run_that_fails_stops_the_memories_being_built_at_their_next_session() {
         seen,
         gave_up: plan_gave_up.clone(),
     });
-    let spec = RunSpec {
-        jobs: 2,
-        retrieval_only: true,
-        ..spec_for(
-            &path,
-            &dir.path().join("results"),
-            &dir.path().join("cache"),
-            &["full"],
-        )
-    };
+    let spec = two_jobs_retrieval_only(dir.path(), &path, &["full"]);
     // The first wave's predictions cannot be saved: their file is a link into a folder that
     // does not exist (read, it is a checkpoint not yet written; opened for writing, an error).
     std::fs::create_dir_all(spec.out.join("predictions")).unwrap();
