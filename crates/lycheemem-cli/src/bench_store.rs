@@ -305,7 +305,7 @@ fn run_size(
     let text_queries: Vec<String> = (0..q_count)
         .map(|_| sentence(&mut qrng, vocab, 3))
         .collect();
-    let bm25 = |store: &Store| -> Result<(f64, f64, usize)> {
+    let bm25 = || -> Result<(f64, f64, usize)> {
         let mut ms = Vec::with_capacity(q_count);
         let mut nonempty = 0;
         for q in &text_queries {
@@ -317,7 +317,7 @@ fn run_size(
         ms.sort_by(f64::total_cmp);
         Ok((percentile(&ms, 0.5), percentile(&ms, 0.99), nonempty))
     };
-    let (live_p50, live_p99, nonempty) = bm25(&store)?;
+    let (live_p50, live_p99, nonempty) = bm25()?;
     row(
         "BM25 top-10 p50 / p99 ms (3-word queries)",
         format!("{live_p50:.2} / {live_p99:.2} ({nonempty}/{q_count} with hits)"),
@@ -327,7 +327,7 @@ fn run_size(
         store.delete_record(&ns, &record_ids[i * (n / deleted)])?;
     }
     store.text_search(&ns, Target::Record, &text_queries[0], 10, None)?; // commit the deletes
-    let (p50, p99, _) = bm25(&store)?;
+    let (p50, p99, _) = bm25()?;
     row(
         &format!("BM25 after deleting {deleted} records: p50 / p99 ms, p50 vs before"),
         format!("{p50:.2} / {p99:.2}, {:.2}x", p50 / live_p50),

@@ -940,3 +940,32 @@ fn bm25_scores_depend_on_what_the_store_holds_not_on_what_it_held() {
         assert_eq!(hits(&used), expected, "{query}");
     }
 }
+
+#[test]
+fn bm25_ties_rank_by_id_whatever_order_the_documents_were_written_in() {
+    let texts = ["a cat named Miso", "a cat named Tofu", "a cat named Yuzu"];
+    let reversed: Vec<&str> = texts.iter().rev().copied().collect();
+    let a = ns("alice");
+    let top = |texts: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store
+            .put_session(&a, SessionInfo::new(sid("s1"), None))
+            .unwrap();
+        add_turns(&store, &a, "s1", 2, 0);
+        store
+            .commit_segment(&a, segment_write(&a, "s1", 0, 1, texts, 100))
+            .unwrap();
+        let hits = store
+            .text_search(&a, Target::Record, "cat", 2, None)
+            .unwrap();
+        assert_eq!(hits.len(), 2);
+        assert_eq!(hits[0].score, hits[1].score, "the three records tie");
+        hits.into_iter().map(|h| h.item).collect::<Vec<_>>()
+    };
+    let forward = top(&texts);
+    assert_eq!(top(&reversed), forward);
+    let mut sorted = forward.clone();
+    sorted.sort_by_key(|i| format!("{i:?}"));
+    assert_eq!(forward, sorted);
+}
