@@ -90,17 +90,47 @@ fn demo(extra: &[String]) -> Result<()> {
 }
 
 fn test() -> Result<()> {
-    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--quiet",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    run(cargo().args(["test", "--workspace"]))
+    let started = std::time::Instant::now();
+    let mut steps: Vec<(&str, std::time::Duration)> = Vec::new();
+    let mut step = |name: &'static str, cmd: &mut Command| -> Result<()> {
+        let t = std::time::Instant::now();
+        eprintln!("== step: {name} ==");
+        let outcome = run(cmd);
+        steps.push((name, t.elapsed()));
+        eprintln!(
+            "== step: {name}: {} in {:.0} s (total {:.0} s) ==",
+            if outcome.is_ok() { "done" } else { "FAILED" },
+            t.elapsed().as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        );
+        outcome
+    };
+    step(
+        "format check",
+        cargo().args(["fmt", "--all", "--", "--check"]),
+    )?;
+    step(
+        "clippy (compiles dependencies in check mode)",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    step(
+        "build the tests",
+        cargo().args(["test", "--workspace", "--no-run"]),
+    )?;
+    step("run the tests", cargo().args(["test", "--workspace"]))?;
+    eprintln!("== test steps ==");
+    for (name, took) in &steps {
+        eprintln!("{:>7.0} s  {name}", took.as_secs_f64());
+    }
+    eprintln!("{:>7.0} s  in all", started.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// A throwaway virtualenv with the pinned reference stack (torch, transformers,
