@@ -78,10 +78,11 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// `cargo run --release --quiet -p lycheemem-cli --` (the CLI in release).
+/// `cargo run --release -p lycheemem-cli --` (the CLI in release). Not `--quiet`: a first run
+/// compiles for several minutes, and cargo's progress is the only sign of life.
 fn cli_release() -> Command {
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "--quiet", "-p", "lycheemem-cli", "--"]);
+    cmd.args(["run", "--release", "-p", "lycheemem-cli", "--"]);
     cmd
 }
 
