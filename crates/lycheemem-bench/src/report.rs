@@ -3,7 +3,7 @@
 //! construction tokens; per-category bars). Every report records where it came from.
 
 use crate::run::{
-    ConstructionLine, Prediction, append_line, constructions, predictions, read_lines,
+    ConstructionLine, Prediction, StageScore, append_line, constructions, predictions, read_lines,
 };
 use crate::variant::VARIANTS;
 use anyhow::{Context, Result};
@@ -681,7 +681,8 @@ pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
             .collect();
         summarize(&c, &builds)
     });
-    let md = markdown(meta, &runs(out)?, &sums, common.as_deref(), &builds);
+    let mut md = markdown(meta, &runs(out)?, &sums, common.as_deref(), &builds);
+    md.push_str(&waterfall_markdown(&preds));
     let write = |name: &str, body: &[u8]| -> Result<()> {
         std::fs::write(out.join(name), body).with_context(|| format!("writing {name}"))
     };
@@ -702,6 +703,87 @@ pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
     )?;
     write("categories.svg", svg_categories(&sums).as_bytes())?;
     Ok(md)
+}
+
+/// The stage accounting of memory variants: per variant, each retrieval stage's mean item
+/// count, mean tokens and gold-evidence recall, overall and per category (empty when no
+/// prediction carries stages).
+pub fn waterfall_markdown(preds: &[Prediction]) -> String {
+    let mut out = String::new();
+    let mut variants: Vec<&str> = preds
+        .iter()
+        .filter(|p| !p.stages.is_empty())
+        .map(|p| p.variant.as_str())
+        .collect();
+    variants.sort_by_key(|v| (rank(v), v.to_string()));
+    variants.dedup();
+    if variants.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\n## Where the evidence goes: recall after each retrieval stage\n"
+    );
+    let _ = writeln!(
+        out,
+        "Per question, the gold turns covered by the items alive after a stage, and those items' \
+estimated tokens. `channel:*`: every candidate a channel hit (all routes); `union`: all routes' \
+candidates with source windows; `pool`: what selection chose from; `final`: the k chosen."
+    );
+    for v in variants {
+        let mine: Vec<&Prediction> = preds.iter().filter(|p| p.variant == v).collect();
+        let mut categories: Vec<String> = mine.iter().map(|p| p.category.clone()).collect();
+        categories.sort();
+        categories.dedup();
+        let mut stage_names: Vec<String> = Vec::new();
+        for p in &mine {
+            for st in &p.stages {
+                if !stage_names.contains(&st.stage) {
+                    stage_names.push(st.stage.clone());
+                }
+            }
+        }
+        let _ = writeln!(out, "\n### {v}\n");
+        let _ = writeln!(
+            out,
+            "| stage | items / q | tokens / q | recall | {} |",
+            categories.join(" | ")
+        );
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---:|{}",
+            "---:|".repeat(categories.len())
+        );
+        for name in &stage_names {
+            let scores: Vec<(&Prediction, &StageScore)> = mine
+                .iter()
+                .filter_map(|p| p.stages.iter().find(|s| &s.stage == name).map(|s| (*p, s)))
+                .collect();
+            let n = scores.len().max(1) as f64;
+            let items = scores.iter().map(|(_, s)| s.items as f64).sum::<f64>() / n;
+            let tokens = scores.iter().map(|(_, s)| s.tokens as f64).sum::<f64>() / n;
+            let recall = |cat: Option<&str>| -> String {
+                let r: Vec<f64> = scores
+                    .iter()
+                    .filter(|(p, _)| cat.is_none_or(|c| p.category == c))
+                    .filter_map(|(_, s)| s.recall)
+                    .collect();
+                if r.is_empty() {
+                    "–".into()
+                } else {
+                    format!("{:.1}", 100.0 * r.iter().sum::<f64>() / r.len() as f64)
+                }
+            };
+            let per_cat: Vec<String> = categories.iter().map(|c| recall(Some(c))).collect();
+            let _ = writeln!(
+                out,
+                "| {name} | {items:.1} | {tokens:.0} | {} | {} |",
+                recall(None),
+                per_cat.join(" | ")
+            );
+        }
+    }
+    out
 }
 
 /// CPU model, core count and memory of this machine.

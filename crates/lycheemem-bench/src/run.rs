@@ -122,6 +122,46 @@ pub struct Prediction {
     pub plan_fallback: Option<String>,
     /// e.g. full_context's truncation.
     pub note: Option<String>,
+    /// Memory variants: gold-evidence recall and evidence tokens after each retrieval stage
+    /// (the waterfall; see `lycheemem_retrieve::Stage`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageScore>,
+}
+
+/// Recall and tokens of the items alive after one retrieval stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageScore {
+    pub stage: String,
+    pub items: usize,
+    /// Share of the gold evidence turns among the stage's items' turns (`None`: no gold turns).
+    pub recall: Option<f64>,
+    /// Estimated tokens of all the stage's items' texts.
+    pub tokens: u64,
+}
+
+/// Scores each traced stage against a question's gold evidence.
+pub fn stage_scores(q: &Question, stages: &[lycheemem_retrieve::Stage]) -> Vec<StageScore> {
+    stages
+        .iter()
+        .map(|st| {
+            let turns: BTreeSet<TurnAt> = st
+                .items
+                .iter()
+                .flat_map(|i| {
+                    i.turns.iter().map(|&index| TurnAt {
+                        session: i.session.clone(),
+                        index,
+                    })
+                })
+                .collect();
+            StageScore {
+                stage: st.name.clone(),
+                items: st.items.len(),
+                recall: metrics::turn_recall(&q.evidence, &turns),
+                tokens: st.items.iter().map(|i| u64::from(i.tokens)).sum(),
+            }
+        })
+        .collect()
 }
 
 impl Prediction {
@@ -786,6 +826,7 @@ pub fn run(
                                     reference_date: q.date.as_deref(),
                                     top_k: spec.top_k,
                                     plan: cached_plan.as_ref().map(|p| &p.plan),
+                                    trace: true,
                                 },
                             )?;
                             let retrieval_ms: f64 = result
@@ -795,6 +836,7 @@ pub fn run(
                                 .map(|(_, v)| v)
                                 .sum();
                             let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
+                            p.stages = stage_scores(q, &result.stages);
                             if let Some(c) = &cached_plan {
                                 p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
                                 p.llm_calls += u32::from(c.usage.is_some());
@@ -1022,6 +1064,7 @@ fn base_prediction(
         answer_ms: 0.0,
         plan_fallback: None,
         note: None,
+        stages: Vec::new(),
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Every variant name, in report order.
-pub const VARIANTS: [&str; 12] = [
+pub const VARIANTS: [&str; 13] = [
     "full",
     "eager",
     "fixed_window",
@@ -19,6 +19,7 @@ pub const VARIANTS: [&str; 12] = [
     "no_fusion",
     "no_rerank",
     "no_lexical",
+    "spec_selection",
     "naive_rag",
     "full_context",
 ];
@@ -58,9 +59,8 @@ impl Variant {
             "fixed_window" => config.segment.policy = SegmentPolicy::FixedWindow,
             "summary_records" => config.encode.record_style = RecordStyle::SummaryRecords,
             "no_cross_segment_context" => config.encode.cross_segment_context = false,
-            "record_vector_only" | "no_planner" | "no_fusion" | "no_rerank" | "no_lexical" => {
-                config.retrieval.apply_ablation(name)?
-            }
+            "record_vector_only" | "no_planner" | "no_fusion" | "no_rerank" | "no_lexical"
+            | "spec_selection" => config.retrieval.apply_ablation(name)?,
             other => bail!("unknown variant {other:?}; known: {}", VARIANTS.join(", ")),
         }
         Ok(Variant {
@@ -120,6 +120,7 @@ mod tests {
             "no_fusion",
             "no_rerank",
             "no_lexical",
+            "spec_selection",
         ] {
             let v = Variant::new(name, &base).unwrap();
             assert_eq!(v.construction_hash(), full.construction_hash(), "{name}");

@@ -100,6 +100,7 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
                 reference_date: None,
                 top_k: 15,
                 plan: Some(&plan),
+                trace: false,
             };
             let t = Instant::now();
             let result = retriever.search(&ns, &req)?;

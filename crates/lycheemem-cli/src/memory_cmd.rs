@@ -270,6 +270,7 @@ fn query(models_dir: &Path, args: &AskArgs) -> Result<(Memory, Namespace, QueryO
     let opts = QueryOptions {
         top_k: args.top_k,
         reference_date: args.date.clone(),
+        trace: args.explain,
         ..QueryOptions::default()
     };
     Ok((memory, ns, opts))

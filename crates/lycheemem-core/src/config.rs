@@ -33,16 +33,19 @@ pub struct Config {
 }
 
 impl Config {
-    /// The paper's defaults (same as `Config::default()`).
+    /// The paper's constants: `Config::default()` with the SPEC's selection rules
+    /// ([`RetrievalConfig::use_spec_selection`]) in place of lycheemem's.
     pub fn paper() -> Config {
-        Config::default()
+        let mut cfg = Config::default();
+        cfg.retrieval.use_spec_selection();
+        cfg
     }
 
     /// The values of the authors' public reference implementation where they differ from the
     /// paper: 1000/1500/2000 segment tokens, cut threshold 0.55, no exchange cap, surprise
     /// against the centroid of the last 2 exchanges, memory type appended to tags.
     pub fn reference_code() -> Config {
-        let mut cfg = Config::default();
+        let mut cfg = Config::paper();
         cfg.segment.min_tokens = 1000;
         cfg.segment.target_tokens = 1500;
         cfg.segment.max_tokens = 2000;
@@ -602,6 +605,16 @@ pub struct RetrievalConfig {
     pub raw_score_ratio: f64,
     /// Use the per-type ratios of the reference code instead of `raw_ratio`/`raw_score_ratio`.
     pub per_type_limiter: bool,
+    /// The SPEC's raw-turn/window count limiter above (`raw_min`, `raw_ratio`, `raw_score_floor`,
+    /// `raw_score_ratio`, `per_type_limiter`). Off by default: `evidence_token_budget` bounds
+    /// what the evidence costs the answer prompt instead (see the algorithm notes in the README).
+    pub raw_count_limiter: bool,
+    /// Estimated tokens the chosen evidence may take in the answer prompt (0 = no budget); an
+    /// item that does not fit is skipped for the next best (the first item always fits).
+    pub evidence_token_budget: usize,
+    /// Min-max normalize final scores within the MMR pool before MMR, so `mmr_relevance` and
+    /// `mmr_redundancy` trade the same amounts with and without a cross-encoder.
+    pub mmr_normalize_relevance: bool,
 }
 
 impl Default for RetrievalConfig {
@@ -668,12 +681,24 @@ impl Default for RetrievalConfig {
             raw_score_floor: 0.35,
             raw_score_ratio: 0.72,
             per_type_limiter: false,
+            raw_count_limiter: false,
+            evidence_token_budget: 1000,
+            mmr_normalize_relevance: true,
         }
     }
 }
 
 impl RetrievalConfig {
-    /// Applies a named retrieval ablation of the paper's Table 5 (plus `no_lexical`).
+    /// Selection exactly as SPEC §4 states it: the raw-turn count limiter, MMR on raw final
+    /// scores, no evidence token budget.
+    pub fn use_spec_selection(&mut self) {
+        self.raw_count_limiter = true;
+        self.evidence_token_budget = 0;
+        self.mmr_normalize_relevance = false;
+    }
+
+    /// Applies a named retrieval ablation of the paper's Table 5 (plus `no_lexical`, and
+    /// `spec_selection`: the SPEC's selection rules instead of lycheemem's).
     pub fn apply_ablation(&mut self, name: &str) -> Result<()> {
         match name {
             "full" => {}
@@ -691,6 +716,7 @@ impl RetrievalConfig {
             }
             "no_rerank" => self.rerank = false,
             "no_lexical" => self.channel_lexical = false,
+            "spec_selection" => self.use_spec_selection(),
             other => {
                 return Err(Error::Config(format!(
                     "unknown retrieval ablation {other:?}"

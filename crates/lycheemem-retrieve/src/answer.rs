@@ -23,6 +23,36 @@ fn cut(text: &str, max: usize) -> String {
     }
 }
 
+/// Bounds a dialogue snippet (one `speaker: text` line per turn) to `max` characters by dropping
+/// whole turns from its two ends in turn, keeping the middle: a source window is its anchor's
+/// cited turns with context on both sides, so the cited turns are in the middle. A single turn
+/// longer than `max` is cut.
+fn trim_dialogue(text: &str, max: usize) -> String {
+    let mut lines: std::collections::VecDeque<&str> = text.lines().collect();
+    let size = |lines: &std::collections::VecDeque<&str>| -> usize {
+        lines.iter().map(|l| l.chars().count() + 1).sum::<usize>()
+    };
+    let (mut dropped_front, mut dropped_back) = (false, false);
+    let mut from_front = true;
+    while lines.len() > 1 && size(&lines) > max {
+        if from_front {
+            lines.pop_front();
+            dropped_front = true;
+        } else {
+            lines.pop_back();
+            dropped_back = true;
+        }
+        from_front = !from_front;
+    }
+    let body = lines.iter().copied().collect::<Vec<_>>().join("\n");
+    let body = cut(&body, max);
+    format!(
+        "{}{body}{}",
+        if dropped_front { "…\n" } else { "" },
+        if dropped_back { "\n…" } else { "" }
+    )
+}
+
 /// The two evidence blocks as they appear in the prompt.
 pub fn evidence_blocks(evidence: &[EvidenceItem], cfg: &AnswerConfig) -> (String, String) {
     let mut records = String::new();
@@ -59,7 +89,7 @@ pub fn evidence_blocks(evidence: &[EvidenceItem], cfg: &AnswerConfig) -> (String
                 snippets.push_str(&format!(
                     "[D{si}] (session {}, date {date})\n{}\n",
                     e.session,
-                    cut(&e.evidence.text, cfg.evidence_item_chars)
+                    trim_dialogue(&e.evidence.text, cfg.evidence_item_chars)
                 ));
             }
         }
@@ -129,4 +159,29 @@ pub fn answer(
             estimated: reply.usage_estimated,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_snippet_keeps_its_middle_turns_whole() {
+        let text: Vec<String> = (0..9)
+            .map(|i| format!("A: turn number {i} of the window"))
+            .collect();
+        let text = text.join("\n");
+        let out = trim_dialogue(&text, 100);
+        assert!(out.contains("turn number 4"), "{out}");
+        assert!(
+            !out.contains("turn number 0") && !out.contains("turn number 8"),
+            "{out}"
+        );
+        assert!(out.starts_with("…\n") && out.ends_with("\n…"), "{out}");
+        // Every kept turn is whole.
+        for line in out.lines().filter(|l| *l != "…") {
+            assert!(line.ends_with("of the window"), "{line}");
+        }
+        assert_eq!(trim_dialogue("A: short", 100), "A: short");
+    }
 }

@@ -11,7 +11,7 @@
 //! 3. [`raw_field_top_k`]: the `no_fusion` ablation — raw field scores, top k.
 
 use lycheemem_core::config::RetrievalConfig;
-use lycheemem_core::{CandidateTarget, QuestionType};
+use lycheemem_core::{CandidateTarget, QuestionType, estimate_tokens};
 use std::collections::{BTreeSet, HashMap};
 
 use crate::candidate::Scored;
@@ -104,7 +104,7 @@ pub fn fuse(routes: &[(String, Vec<Scored>)], k: usize, cfg: &RetrievalConfig) -
     out
 }
 
-/// `(budget, ratio)` of the raw-turn limiter for a question type.
+/// `(budget, ratio)` of the raw-turn count limiter for a question type.
 fn limiter(qt: QuestionType, k: usize, cfg: &RetrievalConfig) -> (usize, f32) {
     let (ratio, score_ratio) = if cfg.per_type_limiter {
         let p = cfg.types.get(qt);
@@ -116,18 +116,16 @@ fn limiter(qt: QuestionType, k: usize, cfg: &RetrievalConfig) -> (usize, f32) {
     (budget, score_ratio as f32)
 }
 
-/// Chooses `k` candidates: route quotas first, then the best of the rest, each pick by MMR
-/// over a pool of `mmr_pool_factor·k`, under the raw-turn limiter.
-pub fn select(
-    fused: Vec<Fused>,
+/// The candidates selection chooses from: the best `mmr_pool_factor·k` by final score, plus
+/// each route's best `quota` so quotas can be met. Returns indices into `fused` (sorted).
+pub fn pool_indices(
+    fused: &[Fused],
     route_ids: &[String],
     k: usize,
-    qt: QuestionType,
     cfg: &RetrievalConfig,
-) -> Vec<Selected> {
+) -> Vec<usize> {
     let quota = route_quota(k, route_ids.len(), cfg);
     let pool_size = (cfg.mmr_pool_factor * k).max(k);
-    // The pool: the best by final score, plus each route's best `quota` so quotas can be met.
     let mut in_pool = vec![false; fused.len()];
     for flag in in_pool.iter_mut().take(pool_size) {
         *flag = true;
@@ -142,83 +140,287 @@ pub fn select(
             in_pool[i] = true;
         }
     }
-    let pool: Vec<Fused> = fused
-        .into_iter()
-        .zip(in_pool)
-        .filter_map(|(f, keep)| keep.then_some(f))
-        .collect();
-    let signatures: Vec<Signature> = pool.iter().map(|f| Signature::of(&f.candidate)).collect();
-    let best_record = pool
+    (0..fused.len()).filter(|&i| in_pool[i]).collect()
+}
+
+/// Why a candidate of the pool was not chosen (for `explain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Below the pool cut (`mmr_pool_factor·k` by final score) and never needed for a refill.
+    BelowPool,
+    /// Every turn it shows is already shown by a chosen raw-turn or window item.
+    Covered,
+    /// It did not fit in what was left of `evidence_token_budget`.
+    TokenBudget,
+    /// The raw-turn count limiter (`raw_count_limiter`) refused it.
+    RawLimiter,
+    /// Other items won the k seats on the MMR objective.
+    Outscored,
+}
+
+impl DropReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::BelowPool => "below the pool cut",
+            DropReason::Covered => "its turns were already shown",
+            DropReason::TokenBudget => "over the evidence token budget",
+            DropReason::RawLimiter => "raw-turn limiter",
+            DropReason::Outscored => "outscored on relevance minus redundancy",
+        }
+    }
+}
+
+/// The outcome of selection: the chosen items in pick order, and every fused candidate that was
+/// not chosen with the reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    pub chosen: Vec<Selected>,
+    pub dropped: Vec<(Fused, DropReason)>,
+    /// How many fused candidates were in the pool when selection ended (after any refills).
+    pub pool_size: usize,
+}
+
+/// A window's or raw turn's turns as (session, index) pairs (empty for records).
+fn shown_turns(f: &Fused) -> Vec<(String, u32)> {
+    if !f.candidate.is_raw() {
+        return Vec::new();
+    }
+    f.candidate
+        .info
+        .turns
         .iter()
-        .filter(|f| !f.candidate.is_raw())
-        .map(|f| f.final_score)
-        .fold(0.0f32, f32::max);
+        .map(|t| (f.candidate.info.session.clone(), *t))
+        .collect()
+}
+
+/// Chooses `k` candidates: route quotas first, then the best of the rest, each pick by MMR
+/// (`mmr_relevance·relevance − mmr_redundancy·max_sim`) over a pool of `mmr_pool_factor·k`,
+/// refilled from the rest of the fused list when it runs dry before k items are chosen.
+///
+/// Relevance is the final score, min-max normalized within the pool when
+/// `mmr_normalize_relevance` is on, so the MMR weights trade the same amounts of relevance and
+/// redundancy whether or not a cross-encoder spread the scores. A raw-turn or window item whose
+/// turns are all shown already is skipped; a window chosen after raw turns it contains replaces
+/// them (their seats and tokens are freed). With `evidence_token_budget` > 0, an item whose text
+/// would take the chosen evidence past the budget is skipped (the first item always fits). The
+/// SPEC's count limiter for raw items (`raw_count_limiter`) is optional.
+pub fn select(
+    fused: Vec<Fused>,
+    route_ids: &[String],
+    k: usize,
+    qt: QuestionType,
+    cfg: &RetrievalConfig,
+) -> Vec<Selected> {
+    select_explained(fused, route_ids, k, qt, cfg).chosen
+}
+
+/// [`select`], also returning what was dropped and why.
+pub fn select_explained(
+    fused: Vec<Fused>,
+    route_ids: &[String],
+    k: usize,
+    qt: QuestionType,
+    cfg: &RetrievalConfig,
+) -> Selection {
+    let quota = route_quota(k, route_ids.len(), cfg);
+    let refill_step = (cfg.mmr_pool_factor * k).max(k).max(1);
+    let mut in_pool = vec![false; fused.len()];
+    for i in pool_indices(&fused, route_ids, k, cfg) {
+        in_pool[i] = true;
+    }
+    let signatures: Vec<Signature> = fused.iter().map(|f| Signature::of(&f.candidate)).collect();
+    let tokens: Vec<usize> = fused
+        .iter()
+        .map(|f| estimate_tokens(&f.candidate.info.text) as usize)
+        .collect();
+    let turns: Vec<Vec<(String, u32)>> = fused.iter().map(shown_turns).collect();
     let (raw_budget, score_ratio) = limiter(qt, k, cfg);
-    let raw_floor = (cfg.raw_score_floor as f32).max(score_ratio * best_record);
 
     let mut chosen: Vec<usize> = Vec::new();
     let mut mmr_scores: Vec<f32> = Vec::new();
-    let mut raw_count = 0usize;
-    let mut covered: BTreeSet<String> = BTreeSet::new();
-    // Each pool item's similarity to its nearest chosen item, updated after every pick.
-    let mut max_sim = vec![0f64; pool.len()];
-    let objective = |i: usize, max_sim: &[f64]| -> f32 {
-        if cfg.mmr {
-            (cfg.mmr_relevance * f64::from(pool[i].final_score) - cfg.mmr_redundancy * max_sim[i])
-                as f32
-        } else {
-            pool[i].final_score
-        }
-    };
-    let admissible = |i: usize, raw_count: usize, covered: &BTreeSet<String>| -> bool {
-        let f = &pool[i];
-        if !f.candidate.is_raw() {
-            return true;
-        }
-        let covers_new_route = f.routes.iter().any(|r| !covered.contains(r));
-        (raw_count < raw_budget && f.final_score >= raw_floor) || covers_new_route
-    };
-    let mut pick =
-        |only_route: Option<&String>, chosen: &mut Vec<usize>, max_sim: &mut Vec<f64>| -> bool {
-            let best = (0..pool.len())
-                .filter(|i| only_route.is_none_or(|r| pool[*i].routes.contains(r)))
-                .filter(|i| !chosen.contains(i) && admissible(*i, raw_count, &covered))
-                .map(|i| (i, objective(i, max_sim)))
-                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+    let mut reasons: HashMap<usize, DropReason> = HashMap::new();
+    let mut replaced: BTreeSet<usize> = BTreeSet::new();
+    // Each candidate's similarity to its nearest chosen item.
+    let mut max_sim = vec![0f64; fused.len()];
+    loop {
+        let pool: Vec<usize> = (0..fused.len()).filter(|&i| in_pool[i]).collect();
+        // Relevance on one scale within the pool.
+        let (lo, hi) = pool
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &i| {
+                (lo.min(fused[i].final_score), hi.max(fused[i].final_score))
+            });
+        let relevance = |i: usize| -> f64 {
+            let f = fused[i].final_score;
+            if cfg.mmr_normalize_relevance {
+                if hi > lo {
+                    f64::from((f - lo) / (hi - lo))
+                } else {
+                    1.0
+                }
+            } else {
+                f64::from(f)
+            }
+        };
+        let best_record = pool
+            .iter()
+            .filter(|&&i| !fused[i].candidate.is_raw())
+            .map(|&i| fused[i].final_score)
+            .fold(0.0f32, f32::max);
+        let raw_floor = (cfg.raw_score_floor as f32).max(score_ratio * best_record);
+        // Picks one item (restricted to a route when given); false when none is admissible.
+        let mut pick = |only_route: Option<&String>,
+                        chosen: &mut Vec<usize>,
+                        reasons: &mut HashMap<usize, DropReason>|
+         -> bool {
+            let raw_count = chosen
+                .iter()
+                .filter(|&&i| fused[i].candidate.is_raw())
+                .count();
+            let covered: BTreeSet<&String> =
+                chosen.iter().flat_map(|&i| &fused[i].routes).collect();
+            let shown: BTreeSet<&(String, u32)> = chosen.iter().flat_map(|&i| &turns[i]).collect();
+            let spent: usize = chosen.iter().map(|&i| tokens[i]).sum();
+            let mut best: Option<(usize, f64)> = None;
+            for &i in &pool {
+                if chosen.contains(&i)
+                    || replaced.contains(&i)
+                    || only_route.is_some_and(|r| !fused[i].routes.contains(r))
+                {
+                    continue;
+                }
+                let f = &fused[i];
+                if f.candidate.is_raw() {
+                    if turns[i].iter().all(|t| shown.contains(t)) && !turns[i].is_empty() {
+                        reasons.insert(i, DropReason::Covered);
+                        continue;
+                    }
+                    if cfg.raw_count_limiter {
+                        let covers_new_route = f.routes.iter().any(|r| !covered.contains(r));
+                        if !((raw_count < raw_budget && f.final_score >= raw_floor)
+                            || covers_new_route)
+                        {
+                            reasons.insert(i, DropReason::RawLimiter);
+                            continue;
+                        }
+                    }
+                }
+                if cfg.evidence_token_budget > 0 && !chosen.is_empty() {
+                    // A window frees the tokens of the chosen raw turns it contains.
+                    let freed: usize = chosen
+                        .iter()
+                        .filter(|&&c| {
+                            f.candidate.is_raw()
+                                && !turns[c].is_empty()
+                                && turns[c].iter().all(|t| turns[i].contains(t))
+                        })
+                        .map(|&c| tokens[c])
+                        .sum();
+                    if spent - freed + tokens[i] > cfg.evidence_token_budget {
+                        reasons.insert(i, DropReason::TokenBudget);
+                        continue;
+                    }
+                }
+                let score = if cfg.mmr {
+                    cfg.mmr_relevance * relevance(i) - cfg.mmr_redundancy * max_sim[i]
+                } else {
+                    relevance(i)
+                };
+                if best.is_none_or(|(_, b)| score > b) {
+                    best = Some((i, score));
+                }
+            }
             let Some((i, score)) = best else {
                 return false;
             };
-            chosen.push(i);
-            mmr_scores.push(score);
-            if pool[i].candidate.is_raw() {
-                raw_count += 1;
+            // A window replaces the chosen raw turns it contains.
+            if fused[i].candidate.is_raw() {
+                let inside: Vec<usize> = chosen
+                    .iter()
+                    .copied()
+                    .filter(|&c| {
+                        c != i
+                            && !turns[c].is_empty()
+                            && turns[c].iter().all(|t| turns[i].contains(t))
+                    })
+                    .collect();
+                for c in inside {
+                    let at = chosen.iter().position(|&x| x == c).unwrap_or(0);
+                    chosen.remove(at);
+                    mmr_scores.remove(at);
+                    replaced.insert(c);
+                    reasons.insert(c, DropReason::Covered);
+                }
             }
-            covered.extend(pool[i].routes.iter().cloned());
+            chosen.push(i);
+            mmr_scores.push(score as f32);
+            reasons.remove(&i);
             if cfg.mmr {
-                for (j, m) in max_sim.iter_mut().enumerate() {
-                    *m = m.max(similarity(&signatures[j], &signatures[i], &cfg.similarity));
+                for &j in &pool {
+                    max_sim[j] =
+                        max_sim[j].max(similarity(&signatures[j], &signatures[i], &cfg.similarity));
                 }
             }
             true
         };
-    // Route quotas, route by route.
-    for route in route_ids {
-        for _ in 0..quota {
-            if chosen.len() >= k || !pick(Some(route), &mut chosen, &mut max_sim) {
-                break;
+        // Route quotas, route by route (first pass only: they count what is already chosen).
+        if chosen.is_empty() {
+            for route in route_ids {
+                for _ in 0..quota {
+                    if chosen.len() >= k || !pick(Some(route), &mut chosen, &mut reasons) {
+                        break;
+                    }
+                }
+            }
+        }
+        // Then the rest.
+        while chosen.len() < k && pick(None, &mut chosen, &mut reasons) {}
+        if chosen.len() >= k {
+            break;
+        }
+        // Refill: the next candidates by final score join the pool.
+        let outside: Vec<usize> = (0..fused.len())
+            .filter(|&i| !in_pool[i])
+            .take(refill_step)
+            .collect();
+        if outside.is_empty() {
+            break;
+        }
+        for i in outside {
+            in_pool[i] = true;
+            if cfg.mmr {
+                for &c in &chosen {
+                    max_sim[i] =
+                        max_sim[i].max(similarity(&signatures[i], &signatures[c], &cfg.similarity));
+                }
             }
         }
     }
-    // Then the rest.
-    while chosen.len() < k && pick(None, &mut chosen, &mut max_sim) {}
-    chosen
-        .into_iter()
-        .zip(mmr_scores)
-        .map(|(i, mmr_score)| Selected {
-            fused: pool[i].clone(),
-            mmr_score,
-        })
-        .collect()
+    let pool_size = in_pool.iter().filter(|&&p| p).count();
+    let chosen_set: BTreeSet<usize> = chosen.iter().copied().collect();
+    let mut dropped: Vec<(Fused, DropReason)> = Vec::new();
+    let mut picked: Vec<Option<Selected>> = vec![None; fused.len()];
+    for (i, f) in fused.into_iter().enumerate() {
+        if chosen_set.contains(&i) {
+            let at = chosen.iter().position(|&c| c == i).unwrap_or(0);
+            picked[i] = Some(Selected {
+                fused: f,
+                mmr_score: mmr_scores[at],
+            });
+        } else {
+            let reason = if !in_pool[i] {
+                DropReason::BelowPool
+            } else {
+                reasons.get(&i).copied().unwrap_or(DropReason::Outscored)
+            };
+            dropped.push((f, reason));
+        }
+    }
+    Selection {
+        chosen: chosen.iter().filter_map(|&i| picked[i].take()).collect(),
+        dropped,
+        pool_size,
+    }
 }
 
 /// The `no_fusion` ablation: every route's candidates by their raw field score, top `k`.
@@ -365,12 +567,16 @@ mod tests {
         );
         let routes = vec![("r1".to_string(), vec![a, dup, other])];
         let ids = vec!["r1".to_string()];
+        // On the SPEC's raw score scale (with a pool this small, normalizing would put `other`
+        // at relevance 0).
+        let mut spec = cfg();
+        spec.mmr_normalize_relevance = false;
         let picked = select(
-            fuse(&routes, 2, &cfg()),
+            fuse(&routes, 2, &spec),
             &ids,
             2,
             QuestionType::Single,
-            &cfg(),
+            &spec,
         );
         let names: Vec<String> = picked
             .iter()
@@ -381,7 +587,7 @@ mod tests {
             .collect();
         assert_eq!(names, vec!["a", "other"]);
         // Without MMR the duplicate wins the second seat.
-        let mut no_mmr = cfg();
+        let mut no_mmr = spec.clone();
         no_mmr.mmr = false;
         let routes = vec![(
             "r1".to_string(),
@@ -401,6 +607,166 @@ mod tests {
         assert!(
             matches!(&picked[1].fused.candidate.target, CandidateTarget::Record { record_id } if record_id == "dup")
         );
+    }
+
+    fn window(first: u32, last: u32, score: f32, words: usize) -> Scored {
+        let mut c = raw(first, score, "");
+        c.target = CandidateTarget::Turns {
+            first: TurnRef {
+                session: SessionId::new("s9").unwrap(),
+                index: first,
+            },
+            last_index: last,
+        };
+        c.info.turns = (first..=last).collect();
+        c.info.text = (first..=last)
+            .map(|i| format!("A: turn{i} {}", vec!["word"; words].join(" ")))
+            .collect::<Vec<_>>()
+            .join("\n");
+        c
+    }
+
+    fn ids(picked: &[Selected]) -> Vec<String> {
+        picked
+            .iter()
+            .map(|s| match &s.fused.candidate.target {
+                CandidateTarget::Record { record_id } => record_id.clone(),
+                CandidateTarget::Turns { first, last_index } => {
+                    format!("{}-{last_index}", first.index)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_token_budget_skips_what_does_not_fit_and_the_pool_is_refilled_to_k() {
+        let mut cfg = cfg();
+        cfg.mmr_pool_factor = 1;
+        cfg.evidence_token_budget = 250;
+        // Three long windows on top, then short records, most below the pool cut of k = 4.
+        let mut list: Vec<Scored> = (0..3)
+            .map(|i| window(i * 10, i * 10 + 4, 0.9 - i as f32 * 0.01, 30))
+            .collect();
+        list.extend((0..8).map(|i| {
+            record(
+                &format!("rec{i}"),
+                0.5 - i as f32 * 0.01,
+                &format!("fact {i} about thing{i}"),
+                &format!("s{i}"),
+            )
+        }));
+        let tokens = |s: &Selected| estimate_tokens(&s.fused.candidate.info.text) as usize;
+        assert!(
+            estimate_tokens(&list[0].info.text) > 125,
+            "two windows exceed the budget"
+        );
+        let routes = vec![("r1".to_string(), list)];
+        let route_ids = vec!["r1".to_string()];
+        let selection = select_explained(
+            fuse(&routes, 4, &cfg),
+            &route_ids,
+            4,
+            QuestionType::Single,
+            &cfg,
+        );
+        let picked = &selection.chosen;
+        assert_eq!(picked.len(), 4, "{:?}", ids(picked));
+        assert_eq!(
+            picked.iter().filter(|s| s.fused.candidate.is_raw()).count(),
+            1
+        );
+        assert!(picked.iter().map(tokens).sum::<usize>() <= 250);
+        assert!(
+            selection
+                .dropped
+                .iter()
+                .any(|(f, r)| f.candidate.is_raw() && *r == DropReason::TokenBudget)
+        );
+        // Without refill the pool (4 items) would have given 2.
+        assert!(selection.pool_size > 4);
+    }
+
+    #[test]
+    fn a_window_replaces_the_raw_turns_it_contains_and_covered_turns_are_skipped() {
+        let mut cfg = cfg();
+        cfg.evidence_token_budget = 0;
+        // A strong lexical hit on turn 5, then the window 3–7 around it, then turn 6 alone.
+        let hit = raw(5, 0.95, "A: turn5 word");
+        let win = window(3, 7, 0.94, 1);
+        let inside = raw(6, 0.93, "A: turn6 word");
+        let others: Vec<Scored> = (0..4)
+            .map(|i| {
+                record(
+                    &format!("rec{i}"),
+                    0.5 - i as f32 * 0.01,
+                    &format!("fact{i}"),
+                    &format!("s{i}"),
+                )
+            })
+            .collect();
+        let mut list = vec![hit, win, inside];
+        list.extend(others);
+        let routes = vec![("r1".to_string(), list)];
+        let route_ids = vec!["r1".to_string()];
+        let mut no_mmr = cfg.clone();
+        no_mmr.mmr = false;
+        let selection = select_explained(
+            fuse(&routes, 3, &no_mmr),
+            &route_ids,
+            3,
+            QuestionType::Single,
+            &no_mmr,
+        );
+        let got = ids(&selection.chosen);
+        assert_eq!(got, vec!["3-7", "rec0", "rec1"], "{got:?}");
+        let reason = |id: &str| {
+            selection
+                .dropped
+                .iter()
+                .find(|(f, _)| {
+                    ids(&[Selected {
+                        fused: f.clone(),
+                        mmr_score: 0.0,
+                    }])[0]
+                        == id
+                })
+                .map(|(_, r)| *r)
+        };
+        assert_eq!(reason("5-5"), Some(DropReason::Covered));
+        assert_eq!(reason("6-6"), Some(DropReason::Covered));
+    }
+
+    #[test]
+    fn relevance_is_normalized_within_the_pool_before_mmr() {
+        // b is a near-copy of a but clearly more relevant than c; without a cross-encoder the
+        // final scores are close, so on raw scores the redundancy term alone would pick c.
+        let mut a = record("a", 0.80, "Caroline adopted a dog named Rex in May", "s1");
+        let mut b = record("b", 0.78, "Caroline adopted a dog named Rex in May", "s1");
+        for x in [&mut a, &mut b] {
+            x.info.entities = vec!["Caroline".into(), "Rex".into()];
+        }
+        let c = record("c", 0.60, "Melanie painted a sunrise over the lake", "s2");
+        let d = record("d", 0.59, "John went hiking in the mountains", "s3");
+        let routes = vec![("r1".to_string(), vec![a, b, c, d])];
+        let route_ids = vec!["r1".to_string()];
+        let mut raw_scale = cfg();
+        raw_scale.mmr_normalize_relevance = false;
+        let picked = select(
+            fuse(&routes, 2, &raw_scale),
+            &route_ids,
+            2,
+            QuestionType::Single,
+            &raw_scale,
+        );
+        assert_eq!(ids(&picked), vec!["a", "c"]);
+        let picked = select(
+            fuse(&routes, 2, &cfg()),
+            &route_ids,
+            2,
+            QuestionType::Single,
+            &cfg(),
+        );
+        assert_eq!(ids(&picked), vec!["a", "b"]);
     }
 
     #[test]
@@ -430,12 +796,14 @@ mod tests {
         )];
         let routes = vec![("r1".to_string(), r1), ("r2".to_string(), r2)];
         let ids = vec!["r1".to_string(), "r2".to_string()];
+        let mut spec = cfg();
+        spec.use_spec_selection();
         let picked = select(
-            fuse(&routes, 5, &cfg()),
+            fuse(&routes, 5, &spec),
             &ids,
             5,
             QuestionType::Single,
-            &cfg(),
+            &spec,
         );
         let raws: Vec<&Selected> = picked
             .iter()

@@ -23,7 +23,7 @@ pub mod similarity;
 
 use lycheemem_core::config::RetrievalConfig;
 use lycheemem_core::{
-    CandidateTarget, Error, Evidence, MemoryType, Namespace, Plan, Result, TemporalScope,
+    CandidateTarget, Channel, Error, Evidence, MemoryType, Namespace, Plan, Result, TemporalScope,
     TokenUsage,
 };
 use lycheemem_embed::{Embedder, Reranker};
@@ -61,6 +61,89 @@ pub struct SearchResult {
     pub k: usize,
     /// Milliseconds per stage: `plan`, `embed`, `recall`, `score`, `fusion`.
     pub timings: std::collections::BTreeMap<&'static str, f64>,
+    /// With [`SearchRequest::trace`]: the items alive after each stage, in pipeline order (see
+    /// [`Stage`]); empty otherwise.
+    pub stages: Vec<Stage>,
+    /// With [`SearchRequest::trace`]: the candidates selection did not choose, best final score
+    /// first, with the reason; empty otherwise.
+    pub dropped: Vec<DroppedItem>,
+}
+
+/// What the stage accounting counts of an item: the turns it shows or cites and its tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageItem {
+    pub session: String,
+    pub turns: Vec<u32>,
+    /// Estimated tokens of the item's text.
+    pub tokens: u32,
+}
+
+/// The items alive after one stage of retrieval. Names, in order: `channel:<channel>` (every
+/// candidate a channel hit, over all routes — a window counts for the raw-turn and lexical hits
+/// it absorbed), `union` (every route's candidates after windows), `pool` (the candidates
+/// selection chose from, after any refill; absent without fusion) and `final`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stage {
+    pub name: String,
+    pub items: Vec<StageItem>,
+}
+
+/// A candidate that was not chosen, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DroppedItem {
+    pub target: CandidateTarget,
+    pub text: String,
+    pub final_score: f32,
+    pub reason: fusion::DropReason,
+}
+
+fn stage_item(c: &candidate::Scored) -> StageItem {
+    StageItem {
+        session: c.info.session.clone(),
+        turns: c.info.turns.clone(),
+        tokens: lycheemem_core::estimate_tokens(&c.info.text),
+    }
+}
+
+/// The channel and union stages of the route lists.
+fn candidate_stages(lists: &[(String, Vec<candidate::Scored>)]) -> Vec<Stage> {
+    let mut union: std::collections::BTreeMap<&CandidateTarget, &candidate::Scored> =
+        std::collections::BTreeMap::new();
+    for (_, list) in lists {
+        for c in list {
+            union.entry(&c.target).or_insert(c);
+        }
+    }
+    let mut stages = Vec::new();
+    for channel in [
+        Channel::Temporal,
+        Channel::EvidenceNode,
+        Channel::Record,
+        Channel::RawTurn,
+        Channel::Lexical,
+        Channel::SourceWindow,
+    ] {
+        let mut seen: std::collections::BTreeSet<&CandidateTarget> = Default::default();
+        let items: Vec<StageItem> = lists
+            .iter()
+            .flat_map(|(_, l)| l)
+            .filter(|c| c.provenance.channels.contains(&channel) && seen.insert(&c.target))
+            .map(stage_item)
+            .collect();
+        let name = serde_json::to_value(channel)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        stages.push(Stage {
+            name: format!("channel:{name}"),
+            items,
+        });
+    }
+    stages.push(Stage {
+        name: "union".into(),
+        items: union.values().map(|c| stage_item(c)).collect(),
+    });
+    stages
 }
 
 impl SearchResult {
@@ -112,7 +195,41 @@ impl SearchResult {
                 ev.text.lines().next().unwrap_or("").chars().take(160).collect::<String>()
             ));
         }
+        if !self.dropped.is_empty() {
+            out.push_str(&format!(
+                "not chosen ({} candidates; the best {} shown):\n",
+                self.dropped.len(),
+                self.dropped.len().min(EXPLAIN_DROPPED)
+            ));
+            for d in self.dropped.iter().take(EXPLAIN_DROPPED) {
+                out.push_str(&format!(
+                    "  - {} final {:.3}: {}\n    {}\n",
+                    describe_target(&d.target),
+                    d.final_score,
+                    d.reason.as_str(),
+                    d.text
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .chars()
+                        .take(120)
+                        .collect::<String>()
+                ));
+            }
+        }
         out
+    }
+}
+
+/// How many dropped candidates `explain` lists.
+const EXPLAIN_DROPPED: usize = 20;
+
+fn describe_target(t: &CandidateTarget) -> String {
+    match t {
+        CandidateTarget::Record { record_id } => format!("record {record_id}"),
+        CandidateTarget::Turns { first, last_index } => {
+            format!("turns {}#{}-{}", first.session, first.index, last_index)
+        }
     }
 }
 
@@ -128,6 +245,9 @@ pub struct SearchRequest<'a> {
     pub top_k: usize,
     /// A plan made elsewhere (skips the planner call).
     pub plan: Option<&'a Plan>,
+    /// Record the stage accounting ([`SearchResult::stages`]) and the dropped candidates
+    /// ([`SearchResult::dropped`]).
+    pub trace: bool,
 }
 
 /// The components retrieval runs on; backends are chosen by the caller's config.
@@ -195,17 +315,62 @@ impl Retriever<'_> {
         timings.insert("score", score_ms);
         let clock = std::time::Instant::now();
         let route_ids: Vec<String> = plan.routes.iter().map(|r| r.route_id.clone()).collect();
+        let mut stages = if req.trace {
+            candidate_stages(&lists)
+        } else {
+            Vec::new()
+        };
+        let mut dropped = Vec::new();
         let selected = if cfg.fusion {
-            fusion::select(
+            let selection = fusion::select_explained(
                 fusion::fuse(&lists, k, cfg),
                 &route_ids,
                 k,
                 plan.question_type,
                 cfg,
-            )
+            );
+            if req.trace {
+                let pool = selection
+                    .chosen
+                    .iter()
+                    .map(|s| &s.fused)
+                    .chain(
+                        selection
+                            .dropped
+                            .iter()
+                            .filter(|(_, r)| *r != fusion::DropReason::BelowPool)
+                            .map(|(f, _)| f),
+                    )
+                    .map(|f| stage_item(&f.candidate))
+                    .collect();
+                stages.push(Stage {
+                    name: "pool".into(),
+                    items: pool,
+                });
+                dropped = selection
+                    .dropped
+                    .into_iter()
+                    .map(|(f, reason)| DroppedItem {
+                        final_score: f.final_score,
+                        target: f.candidate.target,
+                        text: f.candidate.info.text,
+                        reason,
+                    })
+                    .collect();
+            }
+            selection.chosen
         } else {
             fusion::raw_field_top_k(&lists, k)
         };
+        if req.trace {
+            stages.push(Stage {
+                name: "final".into(),
+                items: selected
+                    .iter()
+                    .map(|s| stage_item(&s.fused.candidate))
+                    .collect(),
+            });
+        }
         timings.insert("fusion", clock.elapsed().as_secs_f64() * 1e3);
         let evidence = selected
             .into_iter()
@@ -239,6 +404,8 @@ impl Retriever<'_> {
             usage: outcome.usage.into_iter().collect(),
             k,
             timings,
+            stages,
+            dropped,
         })
     }
 }

@@ -265,19 +265,25 @@ pub fn run_route_timed(
         }
     }
 
-    // 5. Lexical BM25 over records and turns.
+    // 5. Lexical BM25 over records and turns, normalized by the best score of that target over
+    //    all the route's variants (a per-variant maximum gave every variant's top hit the same
+    //    score, erasing the difference between a strong and a weak lexical match).
     if cfg.channel_lexical {
-        for (vi, text) in variant_texts.iter().enumerate() {
-            for (target, n, mult) in [
-                (Target::Record, rec_n, 1.0),
-                (Target::Turn, turn_n, profile.raw_mult),
-            ] {
-                let hits = ctx.store.text_search(ctx.ns, target, text, n, None)?;
-                let max = hits
-                    .iter()
-                    .map(|h| h.score)
-                    .fold(0.0f32, f32::max)
-                    .max(f32::MIN_POSITIVE);
+        for (target, n, mult) in [
+            (Target::Record, rec_n, 1.0),
+            (Target::Turn, turn_n, profile.raw_mult),
+        ] {
+            let mut per_variant = Vec::with_capacity(variant_texts.len());
+            for text in variant_texts {
+                per_variant.push(ctx.store.text_search(ctx.ns, target, text, n, None)?);
+            }
+            let max = per_variant
+                .iter()
+                .flatten()
+                .map(|h| h.score)
+                .fold(0.0f32, f32::max)
+                .max(f32::MIN_POSITIVE);
+            for (vi, hits) in per_variant.into_iter().enumerate() {
                 for h in hits {
                     let field =
                         (cfg.lexical_base + cfg.lexical_scale * f64::from(h.score / max)) * mult;
@@ -610,21 +616,13 @@ fn add_windows(
             w.info.turns = turns.iter().map(|t| t.index).collect();
             w.provenance.channels.insert(Channel::SourceWindow);
             w.provenance.routes.insert(route_id.to_string());
-            for ai in who {
-                w.provenance
-                    .variants
-                    .extend(anchors[ai].provenance.variants.iter().copied());
-                w.provenance
-                    .nodes
-                    .extend(anchors[ai].provenance.nodes.iter().cloned());
-                w.info
-                    .entities
-                    .extend(anchors[ai].info.entities.iter().cloned());
-            }
+            // A window is described by its own turns and text only: inheriting its anchors'
+            // variants, nodes and entities made it look like a copy of them to MMR.
             windows.push(w);
         }
     }
-    // Fold raw-turn hits inside a window into it.
+    // Fold raw-turn hits inside a window into it, unless the hit outranks the window: then it
+    // stays a candidate of its own (selection lets a chosen window replace it, not the reverse).
     let mut out: Vec<Scored> = Vec::with_capacity(candidates.len() + windows.len());
     for c in candidates {
         if let CandidateTarget::Turns { first, last_index } = &c.target
@@ -635,6 +633,7 @@ fn add_windows(
                 } => wf.session == first.session && wf.index <= first.index && *last_index <= *wl,
                 _ => false,
             })
+            && c.field <= w.field
         {
             w.absorb(&c);
             continue;

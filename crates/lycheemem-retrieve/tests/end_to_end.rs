@@ -161,6 +161,7 @@ fn search(
         reference_date: Some("2023-06-21"),
         top_k: 5,
         plan: None,
+        trace: true,
     };
     (retriever.search(&w.ns, &req).unwrap(), planner)
 }
@@ -331,4 +332,90 @@ fn ablations_change_what_retrieval_uses() {
     assert!(full.evidence.len() <= full.k);
     let explain = full.explain();
     assert!(explain.contains("final") && explain.contains("channels"));
+}
+
+#[test]
+fn the_stage_trace_follows_the_candidates_from_channels_to_the_final_list() {
+    let (r, _) = search("What did Melanie paint?", None, &RetrievalConfig::default());
+    let names: Vec<&str> = r.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "channel:temporal",
+            "channel:evidence_node",
+            "channel:record",
+            "channel:raw_turn",
+            "channel:lexical",
+            "channel:source_window",
+            "union",
+            "pool",
+            "final"
+        ]
+    );
+    let turns = |name: &str| -> std::collections::BTreeSet<(String, u32)> {
+        r.stages
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap()
+            .items
+            .iter()
+            .flat_map(|i| i.turns.iter().map(|t| (i.session.clone(), *t)))
+            .collect()
+    };
+    let stage = |name: &str| r.stages.iter().find(|s| s.name == name).unwrap();
+    assert_eq!(stage("final").items.len(), r.evidence.len());
+    assert!(turns("final").is_subset(&turns("pool")));
+    assert!(turns("pool").is_subset(&turns("union")));
+    assert!(stage("union").items.len() >= stage("pool").items.len());
+    // Everything the union held is either chosen or listed as dropped with a reason.
+    assert_eq!(
+        stage("union").items.len(),
+        r.evidence.len() + r.dropped.len()
+    );
+    // Without the trace nothing is kept.
+    let w = world();
+    let retriever = Retriever {
+        store: &w.store,
+        embedder: &w.embedder,
+        reranker: None,
+        planner: None,
+        cfg: &RetrievalConfig::default(),
+    };
+    let plain = retriever
+        .search(
+            &w.ns,
+            &SearchRequest {
+                question: "What did Melanie paint?",
+                top_k: 5,
+                ..SearchRequest::default()
+            },
+        )
+        .unwrap();
+    assert!(plain.stages.is_empty() && plain.dropped.is_empty());
+    assert_eq!(plain.evidence.len(), r.evidence.len());
+}
+
+#[test]
+fn a_source_window_is_described_by_its_own_turns_not_by_its_anchor() {
+    let (r, _) = search("What did Melanie paint?", None, &RetrievalConfig::default());
+    let windows: Vec<_> = r
+        .evidence
+        .iter()
+        .filter(|e| {
+            e.evidence
+                .provenance
+                .channels
+                .contains(&Channel::SourceWindow)
+        })
+        .collect();
+    assert!(!windows.is_empty(), "{}", r.explain());
+    for w in windows {
+        // An anchor's entities and evidence nodes would make MMR see the window as its copy.
+        assert!(w.entities.is_empty(), "{:?}", w.entities);
+        assert!(
+            w.evidence.provenance.nodes.is_empty(),
+            "{:?}",
+            w.evidence.provenance.nodes
+        );
+    }
 }

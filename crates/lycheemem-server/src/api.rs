@@ -326,6 +326,7 @@ fn query_options(s: &AppState, q: &QueryRequest) -> ApiResult<QueryOptions> {
         top_k,
         context: q.context.clone().unwrap_or_default(),
         reference_date: q.date.clone(),
+        trace: false,
     })
 }
 

@@ -56,6 +56,7 @@ impl QuestionArgs {
             top_k: self.top_k.unwrap_or(0).min(100),
             context: String::new(),
             reference_date: self.date.clone(),
+            trace: false,
         }
     }
 }

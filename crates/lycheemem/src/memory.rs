@@ -147,6 +147,9 @@ pub struct QueryOptions {
     pub context: String,
     /// The question's reference date (ISO); relative dates resolve against it.
     pub reference_date: Option<String>,
+    /// Keep the stage accounting and the candidates not chosen (`SearchResult::stages`,
+    /// `dropped`; what `explain` lists as not chosen).
+    pub trace: bool,
 }
 
 /// An answer with its evidence and what it cost.
@@ -653,6 +656,7 @@ impl Memory {
             reference_date: opts.reference_date.as_deref(),
             top_k: opts.top_k,
             plan: None,
+            trace: opts.trace,
         };
         let result = retriever.search(ns, &req)?;
         if !result.usage.is_empty() {
