@@ -78,7 +78,10 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
     eprintln!("segment | turns | records | prompt+completion tokens | seconds");
     for (turns, date) in conv.sessions.iter().zip(&conv.dates).take(args.sessions) {
         turns_total += turns.len();
-        let mut state = SegmenterState::new(turns[0].session.clone());
+        let Some(first) = turns.first() else {
+            continue; // a session without turns has nothing to segment
+        };
+        let mut state = SegmenterState::new(first.session.clone());
         let mut found = Vec::new();
         for x in crate::bench_segment::session_exchanges(
             &embedder,

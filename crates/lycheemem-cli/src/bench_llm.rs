@@ -59,7 +59,13 @@ struct Row {
     decode: f64,
 }
 
+/// Warm-up prompt length (capped by `--prompt-tokens`).
+const WARM_UP_TOKENS: usize = 16;
+
 pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
+    if args.prompt_tokens == 0 || args.decode_tokens == 0 || args.repeats == 0 {
+        anyhow::bail!("--prompt-tokens, --decode-tokens and --repeats must be at least 1");
+    }
     let store = ModelStore::open(models_dir)?;
     let text = crate::locomo_text::turns(&args.locomo, 400)?.join("\n");
     let mut rows: Vec<Row> = Vec::new();
@@ -89,7 +95,7 @@ pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
             bail!("the LoCoMo text has only {} tokens", ids.len());
         }
         let ids = &ids[..args.prompt_tokens];
-        llm.measure_speed(&ids[..16], 4)?; // warm-up
+        llm.measure_speed(&ids[..WARM_UP_TOKENS.min(ids.len())], 4)?; // warm-up
         let (mut prefill, mut decode) = (Duration::MAX, Duration::MAX);
         for _ in 0..args.repeats.max(1) {
             let (p, d) = llm.measure_speed(ids, args.decode_tokens)?;

@@ -143,7 +143,10 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
             let mut reasons: BTreeMap<FinalizeReason, usize> = BTreeMap::new();
             let mut segments = 0;
             for (turns, inputs) in conv.sessions.iter().zip(&per_session) {
-                let mut state = SegmenterState::new(turns[0].session.clone());
+                let Some(first) = turns.first() else {
+                    continue; // a session without turns has nothing to segment
+                };
+                let mut state = SegmenterState::new(first.session.clone());
                 let mut found = Vec::new();
                 for x in inputs {
                     found.extend(segmenter.push(&mut state, x.clone()).0);

@@ -268,15 +268,21 @@ pub fn resolve_date(expr: &str, anchor: NaiveDate) -> Option<CalendarDate> {
     }
     let e = expr.trim().to_ascii_lowercase();
     let e = e.trim_end_matches('.');
+    // Counts come from free text ("200000000000 days ago"): every step is checked, and a date
+    // outside what a calendar day can hold is no date at all (never a panic or an overflow).
     let days = |n: i64| {
-        anchor
-            .checked_add_signed(chrono::Duration::days(n))
+        chrono::Duration::try_days(n)
+            .and_then(|d| anchor.checked_add_signed(d))
             .map(CalendarDate::Day)
     };
-    let month_shift = |delta: i32| {
+    let month_shift = |delta: i64| {
         use chrono::Datelike;
-        let total = anchor.year() * 12 + anchor.month0() as i32 + delta;
-        month(total.div_euclid(12), total.rem_euclid(12) as u32 + 1)
+        let total = i64::from(anchor.year()) * 12 + i64::from(anchor.month0());
+        let total = total.checked_add(delta)?;
+        month(
+            i32::try_from(total.div_euclid(12)).ok()?,
+            total.rem_euclid(12) as u32 + 1,
+        )
     };
     match e {
         "today" | "tonight" | "this morning" | "this afternoon" | "this evening" | "now" => {
@@ -322,12 +328,12 @@ pub fn resolve_date(expr: &str, anchor: NaiveDate) -> Option<CalendarDate> {
         "seven" => 7,
         digits => digits.parse().ok()?,
     };
-    let sign = if &c[3] == "ago" { -1 } else { 1 };
+    let n = if &c[3] == "ago" { n.checked_neg()? } else { n };
     match &c[2] {
-        "day" => days(sign * n),
-        "week" => days(sign * 7 * n),
-        "month" => month_shift((sign * n) as i32),
-        _ => month_shift((sign * 12 * n) as i32),
+        "day" => days(n),
+        "week" => days(n.checked_mul(7)?),
+        "month" => month_shift(n),
+        _ => month_shift(n.checked_mul(12)?),
     }
 }
 
@@ -463,7 +469,45 @@ mod tests {
         assert!(find_dates("no dates here, just 42 things").is_empty());
     }
 
+    #[test]
+    fn absurd_relative_counts_are_no_date_not_a_panic() {
+        let anchor = NaiveDate::from_ymd_opt(2023, 5, 8).unwrap();
+        for expr in [
+            "200000000000 days ago",
+            "200000000000 weeks ago",
+            "9223372036854775807 days later",
+            "9223372036854775807 weeks from now",
+            "9223372036854775807 months ago",
+            "9223372036854775807 years ago",
+            "99999999999999999999999 days ago",
+            "3000000 months later",
+            "20000 years ago",
+        ] {
+            assert_eq!(resolve_date(expr, anchor), None, "{expr}");
+        }
+        assert!(find_relative("I visited Paris 200000000000 days ago.", anchor).is_none());
+        // Edge of the calendar: still a date when it exists.
+        assert_eq!(
+            resolve_date("2 years later", anchor),
+            Some(CalendarDate::Month {
+                year: 2025,
+                month: 5
+            })
+        );
+    }
+
     proptest! {
+        #[test]
+        fn relative_phrases_never_panic(n in any::<u64>(), unit in 0usize..4, dir in 0usize..3,
+                                        y in 1i32..9999, m in 1u32..=12, d in 1u32..=28) {
+            let anchor = NaiveDate::from_ymd_opt(y, m, d).unwrap();
+            let unit = ["day", "week", "month", "year"][unit];
+            let dir = ["ago", "later", "from now"][dir];
+            let phrase = format!("{n} {unit}s {dir}");
+            let _ = resolve_date(&phrase, anchor);
+            let _ = find_relative(&format!("We met {phrase}."), anchor);
+        }
+
         #[test]
         fn every_format_agrees(y in 1900i32..2100, m in 1u32..=12, d in 1u32..=28, h in 0u32..24, min in 0u32..60) {
             let date = NaiveDate::from_ymd_opt(y, m, d).unwrap();

@@ -170,6 +170,82 @@ impl KeyStore {
     }
 }
 
+/// What identifies one version of the key file on disk (a save writes a new file and renames
+/// it over the old one, so the inode changes with every save).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    inode: u64,
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+}
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    let m = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&m);
+    #[cfg(not(unix))]
+    let inode = 0;
+    Some(FileStamp {
+        inode,
+        modified: m.modified().ok(),
+        len: m.len(),
+    })
+}
+
+/// The keys a running server checks: the key file is looked at (one `stat`) on every lookup
+/// and re-read when it changed, so `lycheemem keys add` / `revoke` take effect at once, without
+/// a restart. A file that cannot be parsed keeps the keys last read (and says so in the log); a
+/// deleted file means no keys.
+pub struct LiveKeys {
+    current: std::sync::RwLock<(KeyStore, Option<FileStamp>)>,
+}
+
+impl LiveKeys {
+    pub fn new(store: KeyStore) -> LiveKeys {
+        let seen = store.path.as_deref().and_then(stamp);
+        LiveKeys {
+            current: std::sync::RwLock::new((store, seen)),
+        }
+    }
+
+    /// Re-reads the key file if it changed since the last look.
+    fn refresh(&self) {
+        let path = {
+            let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+            match &current.0.path {
+                Some(path) if stamp(path) != current.1 => path.clone(),
+                _ => return,
+            }
+        };
+        let now = stamp(&path);
+        match KeyStore::load(&path) {
+            Ok(store) => {
+                let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+                tracing::info!(
+                    "key file {} changed: {} keys",
+                    path.display(),
+                    store.entries.len()
+                );
+                *current = (store, now);
+            }
+            Err(e) => tracing::warn!("key file changed but was not reloaded: {e:#}"),
+        }
+    }
+
+    /// The namespace of a presented key, from the key file as it is now.
+    pub fn namespace_of(&self, key: &str) -> Option<Namespace> {
+        self.refresh();
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        current.0.namespace_of(key)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.refresh();
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        current.0.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +284,29 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn a_running_server_sees_added_and_revoked_keys_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.json");
+        let alice = Namespace::new("alice").unwrap();
+        let mut file = KeyStore::load(&path).unwrap();
+        let (first, key1) = file.add(&alice, None).unwrap();
+        let live = LiveKeys::new(KeyStore::load(&path).unwrap());
+        assert_eq!(live.namespace_of(&key1), Some(alice.clone()));
+        // Another process (the `keys` command) adds a key and revokes the first.
+        let mut other = KeyStore::load(&path).unwrap();
+        let (_, key2) = other.add(&alice, None).unwrap();
+        assert_eq!(live.namespace_of(&key2), Some(alice.clone()));
+        assert!(other.revoke(&first.id).unwrap());
+        assert_eq!(live.namespace_of(&key1), None);
+        assert_eq!(live.namespace_of(&key2), Some(alice.clone()));
+        // A broken file keeps the keys last read; a deleted one means none.
+        std::fs::write(&path, b"{ not json").unwrap();
+        assert_eq!(live.namespace_of(&key2), Some(alice));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(live.namespace_of(&key2), None);
+        assert!(live.is_empty());
     }
 }

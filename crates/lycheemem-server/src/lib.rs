@@ -19,7 +19,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use error::ApiError;
-use keys::KeyStore;
+use keys::{KeyStore, LiveKeys};
 use lycheemem::Memory;
 use metrics::Metrics;
 use std::net::SocketAddr;
@@ -68,14 +68,16 @@ fn presented_key(req: &Request) -> Option<&str> {
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        return v.strip_prefix("Bearer ").map(str::trim);
+        // The scheme name is case-insensitive (RFC 9110 §11.1).
+        let (scheme, key) = v.trim_start().split_once(char::is_whitespace)?;
+        return scheme.eq_ignore_ascii_case("bearer").then(|| key.trim());
     }
     h.get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
 }
 
-async fn authenticate(State(keys): State<Arc<KeyStore>>, mut req: Request, next: Next) -> Response {
+async fn authenticate(State(keys): State<Arc<LiveKeys>>, mut req: Request, next: Next) -> Response {
     let Some(ns) = presented_key(&req).and_then(|k| keys.namespace_of(k)) else {
         return ApiError::unauthorized().into_response();
     };
@@ -133,7 +135,7 @@ async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) ->
 }
 
 /// The full router: public `/health`, `/metrics`, `/openapi.json`; keyed `/v1/...` and `/mcp`.
-pub fn router(state: AppState, keys: Arc<KeyStore>, cfg: &ServerConfig) -> Router {
+pub fn router(state: AppState, keys: Arc<LiveKeys>, cfg: &ServerConfig) -> Router {
     let v1 = Router::new()
         .route("/v1/sessions", get(api::list_sessions))
         .route(
@@ -173,6 +175,13 @@ pub fn router(state: AppState, keys: Arc<KeyStore>, cfg: &ServerConfig) -> Route
         .merge(keyed)
         .fallback(|| async {
             ApiError::new(http::StatusCode::NOT_FOUND, "not_found", "no such route")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not accept that method",
+            )
         })
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.metrics.clone(), track))
@@ -238,7 +247,7 @@ pub async fn serve_listener(
         queue: tx,
         limits: cfg.limits.clone(),
     };
-    let app = router(state, Arc::new(keys), &cfg);
+    let app = router(state, Arc::new(LiveKeys::new(keys)), &cfg);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

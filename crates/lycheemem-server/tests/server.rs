@@ -205,6 +205,31 @@ async fn api_happy_paths_auth_isolation_and_bad_input() {
         code_of(api.get("/v1/stats", "wrong").await).await,
         (401, "unauthorized".into())
     );
+    // The scheme name is case-insensitive; another scheme is not a key.
+    // (Alice has stored nothing yet, so an accepted key gets 404 "no memory", not 401.)
+    for (header, status) in [
+        ("bearer key-alice", 404),
+        ("BEARER   key-alice", 404),
+        ("Basic key-alice", 401),
+        ("Bearer", 401),
+    ] {
+        let r = api
+            .c
+            .get(format!("{}/v1/stats", api.base))
+            .header("authorization", header)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{header}");
+    }
+    // A wrong method gets the JSON error format like every other error.
+    let r = api
+        .c
+        .put(format!("{}/health", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code_of(r).await, (405, "method_not_allowed".into()));
 
     // Alice stores, flushes, searches, answers.
     let r = api.post("/v1/sessions/s1/turns", A, turns()).await;
