@@ -348,25 +348,38 @@ fn open_store(args: &MemoryArgs) -> Result<lycheemem_store::Store> {
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
+    use std::io::Write as _;
     let (store, ns) = store_and_namespace(&args.memory)?;
+    // Written through a handle, not `println!`, so a closed pipe (`| head`) is an error that
+    // `main` treats as a normal end rather than a panic.
+    let mut out = std::io::stdout().lock();
+    let known_session = |session: String| -> Result<SessionId> {
+        let id = SessionId::new(session)?;
+        if store.session(&ns, &id)?.is_none() {
+            bail!("no session \"{id}\" in namespace {ns} (see `lycheemem inspect sessions`)");
+        }
+        Ok(id)
+    };
     match args.what {
         InspectWhat::Sessions => {
             for s in store.sessions(&ns)? {
-                println!(
+                writeln!(
+                    out,
                     "{}\t{}\t{} turns",
                     s.id,
                     s.date.as_deref().unwrap_or("-"),
                     s.turn_count
-                );
+                )?;
             }
         }
         InspectWhat::Segments { session } => {
-            for row in store.segments(&ns, &SessionId::new(session)?)? {
+            for row in store.segments(&ns, &known_session(session)?)? {
                 let outcome = match &row.outcome {
                     lycheemem_store::SegmentOutcome::Encoded => "encoded".to_string(),
                     lycheemem_store::SegmentOutcome::Failed { error } => format!("FAILED: {error}"),
                 };
-                println!(
+                writeln!(
+                    out,
                     "turns {}-{}\t{:?}\t{} exchanges, {} tokens\t{} records\t{outcome}",
                     row.segment.first_turn,
                     row.segment.last_turn,
@@ -374,7 +387,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                     row.segment.exchanges,
                     row.segment.tokens,
                     row.record_ids.len()
-                );
+                )?;
             }
         }
         InspectWhat::Records { session } => {
@@ -385,7 +398,8 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 {
                     continue;
                 }
-                println!(
+                writeln!(
+                    out,
                     "{}\t{}\t{}\t{}#{:?}\t{}",
                     r.record_id,
                     r.memory_type.as_str(),
@@ -393,7 +407,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                     r.source_session,
                     r.evidence_turns,
                     r.semantic_text
-                );
+                )?;
             }
         }
         InspectWhat::Nodes { kind } => {
@@ -401,12 +415,18 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
                 if kind.as_deref().is_some_and(|k| k != n.kind.as_str()) {
                     continue;
                 }
-                println!("{}\t{} records\t{}", n.node_id, n.record_ids.len(), n.label);
+                writeln!(
+                    out,
+                    "{}\t{} records\t{}",
+                    n.node_id,
+                    n.record_ids.len(),
+                    n.label
+                )?;
             }
         }
         InspectWhat::Turns { session } => {
-            for t in store.turns(&ns, &SessionId::new(session)?)? {
-                println!("{}\t{}\t{}", t.index, t.author(), t.text);
+            for t in store.turns(&ns, &known_session(session)?)? {
+                writeln!(out, "{}\t{}\t{}", t.index, t.author(), t.text)?;
             }
         }
     }

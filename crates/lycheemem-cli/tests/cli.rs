@@ -150,6 +150,35 @@ fn memory_commands_work_end_to_end() {
     let records =
         stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "alice", "records"]));
     assert_eq!(records.lines().count(), 6, "{records}");
+    // An unknown session is an error, not an empty listing.
+    for what in ["turns", "segments"] {
+        let out = memory_cmd(tmp.path(), &url)
+            .args(["inspect", "-n", "alice", what, "nope"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "inspect {what} nope");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("no session \"nope\""), "{stderr}");
+    }
+    // A reader that goes away (`| head -1`) ends the listing quietly, without a panic.
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lycheemem"))
+        .env(
+            "LYCHEEMEM_MODELS",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        )
+        .env("LYCHEEMEM_STORE", tmp.path().join("store"))
+        .env_remove("LYCHEEMEM_NAMESPACE")
+        .env_remove("LYCHEEMEM_CONFIG")
+        .args(["inspect", "-n", "alice", "records"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
     let stats: serde_json::Value = serde_json::from_str(&stdout_of(
         memory_cmd(tmp.path(), &url).args(["stats", "--json", "-n", "alice"]),
     ))

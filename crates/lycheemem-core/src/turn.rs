@@ -60,12 +60,13 @@ impl fmt::Display for Namespace {
 pub struct SessionId(String);
 
 impl SessionId {
-    /// Validates and wraps a session id: 1..=256 characters, no control characters.
+    /// Validates and wraps a session id: 1..=256 characters, not all whitespace, no control
+    /// characters.
     pub fn new(id: impl Into<String>) -> Result<Self> {
         let id = id.into();
-        if id.is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
+        if id.trim().is_empty() || id.len() > 256 || id.chars().any(char::is_control) {
             return Err(Error::InvalidInput(format!(
-                "session id {id:?} must be 1-256 characters without control characters"
+                "session id {id:?} must be 1-256 characters, not blank, without control characters"
             )));
         }
         Ok(SessionId(id))
@@ -223,5 +224,8 @@ mod tests {
     fn session_rejects_control_chars() {
         assert!(SessionId::new("session 1").is_ok());
         assert!(SessionId::new("a\nb").is_err());
+        assert!(SessionId::new("").is_err());
+        assert!(SessionId::new("   ").is_err());
+        assert!(SessionId::new("\u{3000}").is_err(), "blank in any script");
     }
 }
