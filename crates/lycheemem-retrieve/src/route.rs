@@ -265,25 +265,19 @@ pub fn run_route_timed(
         }
     }
 
-    // 5. Lexical BM25 over records and turns, normalized by the best score of that target over
-    //    all the route's variants (a per-variant maximum gave every variant's top hit the same
-    //    score, erasing the difference between a strong and a weak lexical match).
+    // 5. Lexical BM25 over records and turns.
     if cfg.channel_lexical {
-        for (target, n, mult) in [
-            (Target::Record, rec_n, 1.0),
-            (Target::Turn, turn_n, profile.raw_mult),
-        ] {
-            let mut per_variant = Vec::with_capacity(variant_texts.len());
-            for text in variant_texts {
-                per_variant.push(ctx.store.text_search(ctx.ns, target, text, n, None)?);
-            }
-            let max = per_variant
-                .iter()
-                .flatten()
-                .map(|h| h.score)
-                .fold(0.0f32, f32::max)
-                .max(f32::MIN_POSITIVE);
-            for (vi, hits) in per_variant.into_iter().enumerate() {
+        for (vi, text) in variant_texts.iter().enumerate() {
+            for (target, n, mult) in [
+                (Target::Record, rec_n, 1.0),
+                (Target::Turn, turn_n, profile.raw_mult),
+            ] {
+                let hits = ctx.store.text_search(ctx.ns, target, text, n, None)?;
+                let max = hits
+                    .iter()
+                    .map(|h| h.score)
+                    .fold(0.0f32, f32::max)
+                    .max(f32::MIN_POSITIVE);
                 for h in hits {
                     let field =
                         (cfg.lexical_base + cfg.lexical_scale * f64::from(h.score / max)) * mult;
@@ -633,10 +627,15 @@ fn add_windows(
                 } => wf.session == first.session && wf.index <= first.index && *last_index <= *wl,
                 _ => false,
             })
-            && c.field <= w.field
         {
+            // The window shows the hit's turn, so it ranks at least as high; a hit that
+            // outranked the window also stays a candidate of its own, so dropping the window
+            // cannot drop the best lexical or vector hit with it.
+            let outranks = c.field > w.field;
             w.absorb(&c);
-            continue;
+            if !outranks {
+                continue;
+            }
         }
         out.push(c);
     }
