@@ -1,6 +1,7 @@
 //! A small JSON Schema checker for the subset lycheemem's schemas use (`type`, `properties`,
-//! `required`, `items`, `enum`, `minItems`/`maxItems`, `anyOf`), used to validate output from
-//! backends that cannot enforce a schema themselves.
+//! `required`, `additionalProperties: false`, `items`, `enum`, `minItems`/`maxItems`,
+//! `minLength`/`maxLength`, `minimum`/`maximum`, `anyOf`), used to validate output from backends
+//! that cannot enforce a schema themselves.
 
 use serde_json::Value;
 
@@ -49,6 +50,31 @@ fn check(value: &Value, schema: &Value, path: &str) -> Result<(), String> {
         && !allowed.contains(value)
     {
         return Err(format!("{path}: {value} is not one of {allowed:?}"));
+    }
+    if let Some(text) = value.as_str() {
+        let chars = text.chars().count() as u64;
+        if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+            && chars < min
+        {
+            return Err(format!("{path}: shorter than {min} characters"));
+        }
+        if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+            && chars > max
+        {
+            return Err(format!("{path}: longer than {max} characters"));
+        }
+    }
+    if let Some(x) = value.as_f64() {
+        if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
+            && x < min
+        {
+            return Err(format!("{path}: {value} is below the minimum {min}"));
+        }
+        if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
+            && x > max
+        {
+            return Err(format!("{path}: {value} is above the maximum {max}"));
+        }
     }
     if let Some(obj) = value.as_object() {
         for key in schema
@@ -149,6 +175,37 @@ mod tests {
             validate(&three, &schema)
                 .unwrap_err()
                 .contains("more than 2")
+        );
+    }
+
+    #[test]
+    fn bounds_on_strings_and_numbers_are_enforced() {
+        let schema = json!({"type": "object", "properties": {
+            "turn": {"type": "integer", "minimum": 0, "maximum": 5},
+            "name": {"type": "string", "minLength": 1, "maxLength": 4}
+        }});
+        assert!(validate(&json!({"turn": 5, "name": "Anna"}), &schema).is_ok());
+        assert!(
+            validate(&json!({"turn": 6}), &schema)
+                .unwrap_err()
+                .contains("above the maximum")
+        );
+        assert!(
+            validate(&json!({"turn": -1}), &schema)
+                .unwrap_err()
+                .contains("below the minimum")
+        );
+        assert!(
+            validate(&json!({"name": ""}), &schema)
+                .unwrap_err()
+                .contains("shorter")
+        );
+        // Characters, not bytes.
+        assert!(validate(&json!({"name": "Zoë!"}), &schema).is_ok());
+        assert!(
+            validate(&json!({"name": "Zoë!!"}), &schema)
+                .unwrap_err()
+                .contains("longer")
         );
     }
 }
