@@ -193,6 +193,11 @@ fn shown_turns(f: &Fused) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// Whether a raw item's turns (non-empty) all lie inside another item's: the window replaces it.
+fn shown_inside(inner: &[(String, u32)], outer: &[(String, u32)]) -> bool {
+    !inner.is_empty() && inner.iter().all(|t| outer.contains(t))
+}
+
 /// Chooses `k` candidates: route quotas first, then the best of the rest, each pick by MMR
 /// (`mmr_relevance·relevance − mmr_redundancy·max_sim`) over a pool of `mmr_pool_factor·k`,
 /// refilled from the rest of the fused list when it runs dry before k items are chosen.
@@ -309,11 +314,7 @@ pub fn select_explained(
                     // A window frees the tokens of the chosen raw turns it contains.
                     let freed: usize = chosen
                         .iter()
-                        .filter(|&&c| {
-                            f.candidate.is_raw()
-                                && !turns[c].is_empty()
-                                && turns[c].iter().all(|t| turns[i].contains(t))
-                        })
+                        .filter(|&&c| f.candidate.is_raw() && shown_inside(&turns[c], &turns[i]))
                         .map(|&c| tokens[c])
                         .sum();
                     if spent - freed + tokens[i] > cfg.evidence_token_budget {
@@ -338,11 +339,7 @@ pub fn select_explained(
                 let inside: Vec<usize> = chosen
                     .iter()
                     .copied()
-                    .filter(|&c| {
-                        c != i
-                            && !turns[c].is_empty()
-                            && turns[c].iter().all(|t| turns[i].contains(t))
-                    })
+                    .filter(|&c| c != i && shown_inside(&turns[c], &turns[i]))
                     .collect();
                 for c in inside {
                     let at = chosen.iter().position(|&x| x == c).unwrap_or(0);

@@ -170,10 +170,7 @@ impl SearchResult {
                 (CandidateTarget::Record { record_id }, Some(t)) => {
                     format!("{} {record_id}", t.as_str())
                 }
-                (CandidateTarget::Turns { first, last_index }, _) => {
-                    format!("turns {}#{}-{}", first.session, first.index, last_index)
-                }
-                (CandidateTarget::Record { record_id }, None) => record_id.clone(),
+                (target, _) => describe_target(target),
             };
             let channels: Vec<String> = ev
                 .provenance
