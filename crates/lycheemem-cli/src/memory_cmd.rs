@@ -150,6 +150,9 @@ fn bar(len: u64, template: &str) -> ProgressBar {
 /// Turns are fed in small batches so the bar moves and segments finalize as they would live.
 const INGEST_BATCH: usize = 8;
 
+/// Without a terminal, a progress line is printed every this many turns.
+const PROGRESS_LINE_EVERY: u64 = 1000;
+
 pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
     let mut conversations = conversation_formats::read(
         &args.file,
@@ -187,6 +190,15 @@ pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
             r.encode_tokens
         )
     };
+    // Without a terminal the bar is hidden: progress then goes to stderr as lines.
+    let say = |line: String| {
+        if progress.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            progress.println(line);
+        }
+    };
+    let mut next_note = PROGRESS_LINE_EVERY;
     for conv in conversations {
         let ns = match &conv.namespace_suffix {
             Some(s) => Namespace::new(format!("{base}.{}", sanitize(s)))?,
@@ -194,27 +206,68 @@ pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
         };
         for session in conv.sessions {
             let sid = SessionId::new(session.id.clone())?;
-            let mut date = session.date.clone();
-            for chunk in session.turns.chunks(INGEST_BATCH) {
+            let mut this = lycheemem::IngestReceipt::default();
+            // Each batch names the session index it belongs at, so turns this store already
+            // holds (a rerun, or a run cut short) are recognized and not added twice.
+            for (i, chunk) in session.turns.chunks(INGEST_BATCH).enumerate() {
+                let first_index = u32::try_from(i * INGEST_BATCH)
+                    .context("a session holds more turns than a store can index")?;
                 let r = memory
-                    .add_turns(&ns, &sid, date.take().as_deref(), chunk.to_vec())
+                    .add_turns_at(
+                        &ns,
+                        &sid,
+                        session.date.as_deref(),
+                        first_index,
+                        chunk.to_vec(),
+                    )
                     .with_context(|| format!("session {} of namespace {ns}", session.id))?;
                 progress.inc(chunk.len() as u64);
-                sum.merge(r);
+                this.merge(r);
                 progress.set_message(describe(&sum));
+                if progress.is_hidden() && progress.position() >= next_note {
+                    next_note += PROGRESS_LINE_EVERY;
+                    eprintln!(
+                        "{}/{total} turns, {:.0?}",
+                        progress.position(),
+                        started.elapsed()
+                    );
+                }
             }
             if !args.no_flush {
-                sum.merge(memory.flush(&ns, &sid)?);
+                this.merge(
+                    memory
+                        .flush(&ns, &sid)
+                        .with_context(|| format!("session {} of namespace {ns}", session.id))?,
+                );
             }
+            say(format!(
+                "{ns}/{sid}: {} new turns, {} already stored; {} segments ({} failed) → {} records",
+                this.turns_stored,
+                this.turns_already_stored,
+                this.segments.len(),
+                this.failed_segments,
+                this.records
+            ));
+            sum.merge(this);
         }
     }
     progress.finish_and_clear();
     println!(
-        "ingested {total} turns in {:.1?}: {} (per-exchange encoding would have made {} calls)",
+        "ingested {total} turns ({} new, {} already stored) in {:.1?}: {} (per-exchange encoding would have made {} calls)",
+        sum.turns_stored,
+        sum.turns_already_stored,
         started.elapsed(),
         describe(&sum),
         sum.exchanges
     );
+    if sum.failed_segments > 0 {
+        bail!(
+            "{} of {} segments failed to encode (their turns are stored and searchable as raw \
+             turns; `lycheemem inspect segments <session>` shows why)",
+            sum.failed_segments,
+            sum.segments.len()
+        );
+    }
     Ok(())
 }
 

@@ -134,7 +134,26 @@ fn memory_commands_work_end_to_end() {
         "-n",
         "alice",
     ]));
-    assert!(out.contains("ingested 6 turns"), "{out}");
+    assert!(
+        out.contains("ingested 6 turns (6 new, 0 already stored)"),
+        "{out}"
+    );
+    // Running the same file again (by mistake, or after a crash) adds nothing twice, and says
+    // so per session.
+    let again = memory_cmd(tmp.path(), &url)
+        .args(["ingest", file.to_str().unwrap(), "-n", "alice"])
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&again.stdout),
+        String::from_utf8_lossy(&again.stderr),
+    );
+    assert!(again.status.success(), "{err}");
+    assert!(out.contains("(0 new, 6 already stored)"), "{out}");
+    assert!(
+        err.contains("alice/s1: 0 new turns, 4 already stored"),
+        "{err}"
+    );
     let out =
         stdout_of(memory_cmd(tmp.path(), &url).args(["ask", "What breed is Rex?", "-n", "alice"]));
     assert!(out.starts_with("Rex is a beagle."), "{out}");
@@ -198,6 +217,23 @@ fn memory_commands_work_end_to_end() {
         "alice-copy",
     ]));
     assert!(out.contains("\"records\": 6"), "{out}");
+    // A truncated export (cut at a line end, so every line parses) is refused whole.
+    let text = std::fs::read_to_string(&export).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let cut = tmp.path().join("cut.jsonl");
+    std::fs::write(&cut, lines[..lines.len() / 2].join("\n") + "\n").unwrap();
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args([
+        "import",
+        cut.to_str().unwrap(),
+        "-n",
+        "alice-cut",
+    ]));
+    assert!(stderr.contains("truncated"), "{stderr}");
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args(["stats", "-n", "alice-cut"]));
+    assert!(
+        stderr.contains("has no memory"),
+        "nothing was imported: {stderr}"
+    );
     let out = stdout_of(memory_cmd(tmp.path(), &url).args(["rederive", "-n", "alice"]));
     assert!(out.contains("0 added, 0 removed"), "{out}");
     let id = records.split('\t').next().unwrap();
@@ -323,4 +359,83 @@ fn api_keys_are_created_listed_and_revoked() {
 fn serve_refuses_a_public_address_unless_allowed() {
     let err = stderr_of(lycheemem().args(["serve", "--bind", "0.0.0.0:7411"]));
     assert!(err.contains("--allow-remote"), "{err}");
+}
+
+/// The real `lycheemem mcp` over stdio, spoken to line by line: the handshake, a tool listing,
+/// a line that is not JSON (answered with the JSON-RPC parse error, and the session goes on),
+/// well-formed JSON that is not a message (-32600), an add and a search.
+#[test]
+fn mcp_over_stdio_answers_tools_and_parse_errors() {
+    use std::io::{BufRead, BufReader, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let url = lycheemem_testkit::fake_openai_server(lycheemem_testkit::pipeline_reply("x"));
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lycheemem"))
+        .env(
+            "LYCHEEMEM_MODELS",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        )
+        .env("LYCHEEMEM_STORE", tmp.path().join("store"))
+        .env("LYCHEEMEM_LLM", format!("openai:fake@{url}"))
+        .env_remove("LYCHEEMEM_NAMESPACE")
+        .env_remove("LYCHEEMEM_CONFIG")
+        .args(["mcp", "-n", "stdio"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut replies = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Owns stdin: dropping it closes the session.
+    let mut send = move |line: &str| {
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    };
+    let mut next = || -> serde_json::Value {
+        let line = replies.next().expect("a reply line").unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+    );
+    let init = next();
+    assert_eq!(init["id"], 1, "{init}");
+    assert!(
+        init["result"]["capabilities"]["tools"].is_object(),
+        "{init}"
+    );
+    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    send("this is not json {");
+    let parse_error = next();
+    assert_eq!(parse_error["error"]["code"], -32700, "{parse_error}");
+    assert!(parse_error["id"].is_null(), "{parse_error}");
+    send(r#"{"hello": "world"}"#);
+    let invalid = next();
+    assert_eq!(invalid["error"]["code"], -32600, "{invalid}");
+    send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let tools = next();
+    assert_eq!(tools["id"], 2, "{tools}");
+    assert_eq!(
+        tools["result"]["tools"].as_array().unwrap().len(),
+        5,
+        "{tools}"
+    );
+    send(
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"memory_add","arguments":{"session":"s","date":"2024-05-01","turns":[{"text":"I play the cello every Sunday."},{"role":"assistant","text":"Nice."}]}}}"#,
+    );
+    let added = next();
+    assert_eq!(added["id"], 3, "{added}");
+    assert_ne!(added["result"]["isError"], true, "{added}");
+    send(
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"memory_search","arguments":{"question":"What instrument do I play?"}}}"#,
+    );
+    let found = next();
+    assert_eq!(found["id"], 4, "{found}");
+    assert!(found.to_string().contains("cello"), "{found}");
+    drop(send);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

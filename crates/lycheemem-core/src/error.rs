@@ -24,6 +24,9 @@ pub enum Error {
     /// The storage layer failed.
     #[error("storage error: {0}")]
     Store(String),
+    /// The request contradicts what is stored (e.g. a turn re-sent with other content).
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// Something was looked up that does not exist.
     #[error("not found: {0}")]
     NotFound(String),

@@ -64,6 +64,31 @@ pub struct EncodeOutcome {
     pub failure: Option<String>,
 }
 
+impl EncodeOutcome {
+    /// Nothing encoded yet: no records, no calls, no failure.
+    pub fn empty() -> Self {
+        EncodeOutcome {
+            records: Vec::new(),
+            disambiguation: String::new(),
+            calls: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            dropped: 0,
+            truncated: false,
+            usage: Vec::new(),
+            failure: None,
+        }
+    }
+
+    /// A segment that produced nothing, for this reason.
+    pub fn failed(why: impl Into<String>) -> Self {
+        EncodeOutcome {
+            failure: Some(why.into()),
+            ..EncodeOutcome::empty()
+        }
+    }
+}
+
 /// Encodes segments with one LLM.
 pub struct SegmentEncoder {
     llm: Arc<dyn Llm>,
@@ -162,17 +187,7 @@ impl SegmentEncoder {
             ..Default::default()
         };
         let mut messages = self.messages(input, reference);
-        let mut outcome = EncodeOutcome {
-            records: Vec::new(),
-            disambiguation: String::new(),
-            calls: 0,
-            prompt_tokens: 0,
-            completion_tokens: 0,
-            dropped: 0,
-            truncated: false,
-            usage: Vec::new(),
-            failure: None,
-        };
+        let mut outcome = EncodeOutcome::empty();
         let mut last_error = String::new();
         for attempt in 0..=self.cfg.repair_retries {
             outcome.calls += 1;

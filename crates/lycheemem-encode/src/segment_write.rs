@@ -93,7 +93,27 @@ pub fn encode_segment(
         turns: &turns,
         session_date: session_date.as_deref(),
     };
-    let outcome = encoder.encode(&input, &mut reference);
+    // A panic inside the encoder (a defect reached by some reply or turn) fails this segment
+    // like any other encoder failure instead of unwinding through the caller, which would leave
+    // the segment queued and the session stuck on it at every later call.
+    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        encoder.encode(&input, &mut reference)
+    })) {
+        Ok(outcome) => outcome,
+        Err(payload) => {
+            let why = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".into());
+            tracing::error!(segment = %segment.id, "the encoder panicked: {why}");
+            return Ok(EncodedSegment {
+                segment: segment.clone(),
+                outcome: EncodeOutcome::failed(format!("the encoder panicked: {why}")),
+                reference: None,
+            });
+        }
+    };
     Ok(EncodedSegment {
         segment: segment.clone(),
         outcome,

@@ -130,14 +130,21 @@ pub struct AddTurnsRequest {
     /// Turns (or chat messages) in order.
     #[serde(alias = "messages")]
     pub turns: Vec<TurnIn>,
+    /// The session index the first turn belongs at. With it the request is idempotent: turns
+    /// at indexes already stored must match (409 `conflict` otherwise) and are not added again,
+    /// so a client can retry safely. Without it the turns are appended.
+    #[serde(default)]
+    pub first_index: Option<u32>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct AddTurnsResponse {
     pub session: String,
-    /// Index of the first stored turn in the session.
+    /// Index of the first newly stored turn in the session.
     pub first_index: u32,
     pub stored: u64,
+    /// Turns of the request already stored at their indexes (a retry); not added again.
+    pub already_stored: u64,
     /// Segmentation and encoding run in the background.
     pub queued: bool,
 }
@@ -156,13 +163,15 @@ pub(crate) async fn store_and_queue(
     ns: Namespace,
     sid: SessionId,
     date: Option<String>,
+    first_index: Option<u32>,
     turns: Vec<NewTurn>,
 ) -> ApiResult<lycheemem::AppendReceipt> {
     let permit = reserve_slot(s)?;
     let memory = s.memory.clone();
     let (ns2, sid2) = (ns.clone(), sid.clone());
     let receipt =
-        blocking(move || memory.append_turns(&ns2, &sid2, date.as_deref(), turns)).await?;
+        blocking(move || memory.append_turns_at(&ns2, &sid2, date.as_deref(), first_index, turns))
+            .await?;
     s.metrics
         .turns_stored
         .fetch_add(receipt.count, Ordering::Relaxed);
@@ -188,8 +197,8 @@ pub(crate) fn parse_role(r: Option<&str>) -> ApiResult<Role> {
 #[utoipa::path(post, path = "/v1/sessions/{session}/turns", request_body = AddTurnsRequest,
     params(("session" = String, Path, description = "Session id")),
     responses((status = 202, body = AddTurnsResponse), (status = 400, body = ErrorResponse),
-        (status = 401, body = ErrorResponse), (status = 413, body = ErrorResponse),
-        (status = 429, body = ErrorResponse)),
+        (status = 401, body = ErrorResponse), (status = 409, body = ErrorResponse),
+        (status = 413, body = ErrorResponse), (status = 429, body = ErrorResponse)),
     security(("api_key" = [])))]
 pub async fn add_turns(
     State(s): State<AppState>,
@@ -221,13 +230,14 @@ pub async fn add_turns(
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;
-    let receipt = store_and_queue(&s, ns, sid.clone(), body.date, turns).await?;
+    let receipt = store_and_queue(&s, ns, sid.clone(), body.date, body.first_index, turns).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(AddTurnsResponse {
             session: sid.to_string(),
             first_index: receipt.first_index,
             stored: receipt.count,
+            already_stored: receipt.already_stored,
             queued: true,
         }),
     ))

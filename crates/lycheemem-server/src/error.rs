@@ -73,6 +73,7 @@ impl From<lycheemem_core::Error> for ApiError {
         match &e {
             E::InvalidInput(m) => ApiError::invalid(m.clone()),
             E::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m.clone()),
+            E::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m.clone()),
             E::Model(m) => ApiError::new(StatusCode::BAD_GATEWAY, "model_error", m.clone()),
             _ => ApiError::internal(e.to_string()),
         }

@@ -182,7 +182,7 @@ impl MemoryTools {
                 })
             }
             Ingest::Queued(state) => Ok(
-                match crate::api::store_and_queue(state, ns, sid, a.date, turns).await {
+                match crate::api::store_and_queue(state, ns, sid, a.date, None, turns).await {
                     Ok(r) => ok_json(&serde_json::json!({
                         "stored": r.count, "first_index": r.first_index, "queued": true
                     })),
@@ -318,8 +318,87 @@ pub fn run_stdio(memory: Arc<Memory>, namespace: Namespace) -> anyhow::Result<()
             fixed: Some(namespace),
             ingest: Ingest::Direct,
         };
-        let service = tools.serve(rmcp::transport::stdio()).await?;
+        let (transport, relay) = parse_error_relay();
+        let service = tools.serve(transport).await?;
         service.waiting().await?;
+        // The service's output closes with it; the relay then copies what is left and ends.
+        match tokio::time::timeout(std::time::Duration::from_secs(5), relay).await {
+            Ok(done) => done??,
+            Err(_) => tracing::warn!("the stdio relay did not finish after the session closed"),
+        }
         Ok(())
     })
+}
+
+/// Puts a relay between stdin/stdout and the MCP service: a line that is not JSON is answered
+/// with the JSON-RPC parse error (-32700, id null) as the JSON-RPC 2.0 specification asks,
+/// instead of being dropped silently (the SDK's choice); every other line passes through
+/// unchanged (the SDK answers well-formed JSON of the wrong shape with -32600 itself). The
+/// reply is valid JSON, so a peer that echoes it cannot start an error loop. Returns the
+/// service's side of the relay and the task that ends when the service's output closes.
+fn parse_error_relay() -> (
+    (tokio::io::DuplexStream, tokio::io::DuplexStream),
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    const BUFFER: usize = 1 << 16;
+    let (service_in, mut feed) = tokio::io::duplex(BUFFER);
+    let (service_out, output) = tokio::io::duplex(BUFFER);
+    let (errors_tx, mut errors) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        let mut stdin = BufReader::new(tokio::io::stdin());
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match stdin.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let text = line.trim_ascii();
+            if text.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<serde_json::Value>(text) {
+                Ok(_) => {
+                    if feed.write_all(text).await.is_err() || feed.write_all(b"\n").await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let reply = serde_json::json!({
+                        "jsonrpc": "2.0",
+                        "id": null,
+                        "error": {"code": -32700, "message": format!("Parse error: {e}")}
+                    });
+                    let _ = errors_tx.send(reply.to_string().into_bytes());
+                }
+            }
+        }
+        // Dropping `feed` ends the service's input: the session closes as on a plain EOF.
+    });
+    let relay = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        let mut output = BufReader::new(output);
+        let mut line = Vec::new();
+        loop {
+            tokio::select! {
+                // `read_until` keeps what it read in `line` if the other branch wins.
+                read = output.read_until(b'\n', &mut line) => {
+                    if read? == 0 {
+                        break;
+                    }
+                    stdout.write_all(&line).await?;
+                    stdout.flush().await?;
+                    line.clear();
+                }
+                Some(mut reply) = errors.recv() => {
+                    reply.push(b'\n');
+                    stdout.write_all(&reply).await?;
+                    stdout.flush().await?;
+                }
+            }
+        }
+        Ok(())
+    });
+    ((service_in, service_out), relay)
 }

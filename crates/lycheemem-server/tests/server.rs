@@ -3,6 +3,7 @@
 //! during ingestion, and MCP tool calls over streamable HTTP and stdio. Models are doubles
 //! (scripted LLM, bag-of-words embedder); everything else is real.
 
+use lycheemem::synthetic::rss_mib;
 use lycheemem::{Components, Memory, NewTurn};
 use lycheemem_core::{Config, Namespace, SessionId};
 use lycheemem_server::keys::KeyStore;
@@ -606,12 +607,34 @@ async fn shutdown_during_ingestion_loses_nothing() {
     assert!(mem.stats(&ns).unwrap().records >= 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mcp_tools_over_streamable_http_with_keys() {
+/// The text blocks of a tool result, one per line.
+fn tool_text(r: rmcp::model::CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text())
+        .map(|t| t.text.clone())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// An MCP client over streamable HTTP with an API key.
+async fn mcp_client(
+    base: &str,
+    key: &str,
+) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, rmcp::service::ClientInitializeError>
+{
     use rmcp::ServiceExt;
-    use rmcp::model::CallToolRequestParams;
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let cfg = StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp"))
+        .auth_header(key.to_string());
+    ().serve(StreamableHttpClientTransport::from_config(cfg))
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_over_streamable_http_with_keys() {
+    use rmcp::model::CallToolRequestParams;
 
     let dir = tempfile::tempdir().unwrap();
     let server = start(
@@ -619,11 +642,7 @@ async fn mcp_tools_over_streamable_http_with_keys() {
         ServerConfig::default(),
     )
     .await;
-    let connect = |key: &str| {
-        let cfg = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", server.base))
-            .auth_header(key.to_string());
-        ().serve(StreamableHttpClientTransport::from_config(cfg))
-    };
+    let connect = |key: &'static str| mcp_client(&server.base, key);
     assert!(connect("wrong").await.is_err(), "a bad key cannot connect");
     let client = connect("key-alice").await.unwrap();
     let tools = client.list_all_tools().await.unwrap();
@@ -643,14 +662,7 @@ async fn mcp_tools_over_streamable_http_with_keys() {
         let args = args.as_object().cloned().unwrap_or_default();
         client.call_tool(CallToolRequestParams::new(name).with_arguments(args))
     };
-    let text = |r: rmcp::model::CallToolResult| -> String {
-        r.content
-            .iter()
-            .filter_map(|c| c.as_text())
-            .map(|t| t.text.clone())
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let text = tool_text;
     let r = call("memory_add", json!({"session": "m1", "date": "2024-05-01", "turns": [
         {"text": "My sister Ana lives in Lisbon."}, {"role": "assistant", "text": "Lisbon is lovely."}]}))
     .await
@@ -758,4 +770,315 @@ async fn mcp_tools_over_stdio() {
         .unwrap();
     assert_ne!(r.is_error, Some(true));
     let _ = client.cancel().await;
+}
+
+/// Both namespaces hold near-identical memory (same session names, the same sentences but for
+/// one name): every route and MCP tool used with the other namespace's ids, session names and
+/// questions returns, counts, exports and deletes nothing across the boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_full_namespaces_share_nothing() {
+    use rmcp::model::CallToolRequestParams;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        memory(dir.path(), Arc::new(Gate::default())),
+        ServerConfig::default(),
+    )
+    .await;
+    let api = Api {
+        c: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    const A: &str = "key-alice";
+    const B: &str = "key-bob";
+    let conversation = |pet: &str| {
+        json!({"date": "2024-05-01", "first_index": 0, "turns": [
+            {"role": "user", "text": format!("I adopted a tabby cat named {pet} last week.")},
+            {"role": "assistant", "text": format!("Congratulations on adopting {pet}!")},
+            {"role": "user", "text": "I also started learning the cello."},
+            {"role": "assistant", "text": "The cello is a wonderful instrument."}
+        ]})
+    };
+    for (key, pet) in [(A, "Miso"), (B, "Mochi")] {
+        for session in ["s1", "s2"] {
+            let r = api
+                .post(
+                    &format!("/v1/sessions/{session}/turns"),
+                    key,
+                    conversation(pet),
+                )
+                .await;
+            assert_eq!(r.status(), 202);
+            // A retry of the same request (same first_index) stores nothing again.
+            let retry: Value = api
+                .post(
+                    &format!("/v1/sessions/{session}/turns"),
+                    key,
+                    conversation(pet),
+                )
+                .await
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(
+                (retry["stored"].as_u64(), retry["already_stored"].as_u64()),
+                (Some(0), Some(4)),
+                "{retry}"
+            );
+            let r = api
+                .post(&format!("/v1/sessions/{session}/flush"), key, json!({}))
+                .await;
+            assert_eq!(r.status(), 200);
+        }
+    }
+    // The same request with other content at a stored index is a conflict; nothing is stored.
+    let mut changed = conversation("Miso");
+    changed["turns"][0]["text"] = json!("I adopted a dog.");
+    let r = api.post("/v1/sessions/s1/turns", A, changed).await;
+    assert_eq!(code_of(r).await, (409, "conflict".into()));
+
+    let records = |key: &'static str| {
+        let api = &api;
+        async move {
+            let page = api.get_json("/v1/records?limit=1000", key).await;
+            page["records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (
+                        r["record_id"].as_str().unwrap().to_string(),
+                        r["semantic_text"].to_string(),
+                    )
+                })
+                .collect::<std::collections::BTreeMap<String, String>>()
+        }
+    };
+    let (alice, bob) = (records(A).await, records(B).await);
+    assert!(
+        !alice.is_empty() && alice.len() == bob.len(),
+        "{alice:?} {bob:?}"
+    );
+    assert!(alice.values().all(|t| !t.contains("Mochi")), "{alice:?}");
+    assert!(bob.values().all(|t| !t.contains("Miso")), "{bob:?}");
+    let alice_only: Vec<&String> = alice.keys().filter(|id| !bob.contains_key(*id)).collect();
+    assert!(
+        !alice_only.is_empty(),
+        "some records differ by the pet's name"
+    );
+    let stats_a = api.get_json("/v1/stats", A).await;
+    let stats_b = api.get_json("/v1/stats", B).await;
+    assert_eq!(stats_a["turns"], 8);
+    let without_usage = |mut v: Value| {
+        // Token counts differ with the names' lengths.
+        v.as_object_mut().unwrap().remove("usage");
+        v
+    };
+    assert_eq!(
+        without_usage(stats_a.clone()),
+        without_usage(stats_b),
+        "the same shape, counted per namespace"
+    );
+
+    // Searches return only the caller's memory, whatever they ask.
+    for (key, own, other) in [(A, "Miso", "Mochi"), (B, "Mochi", "Miso")] {
+        for question in ["What is my cat called?", &format!("Tell me about {other}")] {
+            let found: Value = api
+                .post("/v1/search", key, json!({"question": question}))
+                .await
+                .json()
+                .await
+                .unwrap();
+            let texts = found["evidence"].to_string();
+            assert!(texts.contains(own), "{key}: {texts}");
+            assert!(!texts.contains(other), "{key} saw {other}: {texts}");
+        }
+        let export = api.get("/v1/export", key).await.text().await.unwrap();
+        assert!(
+            export.contains(own) && !export.contains(other),
+            "{key}'s export"
+        );
+    }
+
+    // Bob uses Alice's ids and session names: nothing of Alice's is read or removed.
+    // (Alice's searches above logged her plan calls: her stats are taken again.)
+    let stats_a = api.get_json("/v1/stats", A).await;
+    for id in &alice_only {
+        let path = format!("/v1/records/{id}");
+        assert_eq!(api.get(&path, B).await.status(), 404);
+        assert_eq!(api.delete(&path, B).await.status(), 404);
+    }
+    let shared: Vec<&String> = alice.keys().filter(|id| bob.contains_key(*id)).collect();
+    for id in &shared {
+        // The same id in both namespaces (the same sentence): each caller gets their own.
+        let mine = api.get_json(&format!("/v1/records/{id}"), B).await;
+        assert!(!mine.to_string().contains("Miso"), "{mine}");
+    }
+    assert_eq!(api.delete("/v1/sessions/s1", B).await.status(), 200);
+    assert_eq!(api.get("/v1/sessions/s1", B).await.status(), 404);
+    assert_eq!(
+        api.get_json("/v1/stats", A).await,
+        stats_a,
+        "Alice's memory is untouched"
+    );
+    assert_eq!(records(A).await, alice);
+
+    // The same over MCP with Bob's key.
+    let bob_mcp = mcp_client(&server.base, B).await.unwrap();
+    let call = |name: &'static str, args: Value| {
+        bob_mcp.call_tool(
+            CallToolRequestParams::new(name).with_arguments(args.as_object().cloned().unwrap()),
+        )
+    };
+    let text = tool_text;
+    let found = text(
+        call("memory_search", json!({"question": "Tell me about Miso"}))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        found.contains("Mochi") && !found.contains("Miso"),
+        "{found}"
+    );
+    for id in &alice_only {
+        let r = call("memory_delete", json!({"record_id": id}))
+            .await
+            .unwrap();
+        assert_eq!(r.is_error, Some(true), "Bob cannot delete Alice's {id}");
+    }
+    let stats = text(call("memory_stats", json!({})).await.unwrap());
+    assert!(
+        stats.contains("\"turns\": 4"),
+        "Bob's stats count only his: {stats}"
+    );
+    let _ = bob_mcp.cancel().await;
+    assert_eq!(
+        api.get_json("/v1/stats", A).await,
+        stats_a,
+        "Alice's memory is untouched"
+    );
+    server.stop().await;
+}
+
+/// A bounded load run over loopback: 8 clients for `LYCHEEMEM_LOAD_SECONDS` (default 20) mix
+/// idempotent adds (a quarter) with searches. Asserts no error (a 429 is backpressure: the
+/// client waits and retries the same request, which `first_index` makes safe), every
+/// acknowledged turn stored with its text afterwards, and bounded growth of resident memory.
+/// The full run (16 clients, 60 s, 100k records, real embeddings) is the `server_load` bench.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_clients_under_load_lose_nothing() {
+    const CLIENTS: usize = 8;
+    /// Resident growth allowed over the run (the store's caches, the indexes of the added turns).
+    const RSS_GROWTH_LIMIT_MIB: f64 = 300.0;
+    let seconds: u64 = std::env::var("LYCHEEMEM_LOAD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let dir = tempfile::tempdir().unwrap();
+    let mem = memory(dir.path(), Arc::new(Gate::default()));
+    let server = start(mem.clone(), ServerConfig::default()).await;
+    let rss_before = rss_mib();
+    let deadline = std::time::Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for client in 0..CLIENTS {
+        let base = server.base.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = reqwest::Client::new();
+            let mut acknowledged: Vec<String> = Vec::new();
+            let (mut searches, mut retries, mut errors) = (0u64, 0u64, Vec::<String>::new());
+            let mut step = 0u64;
+            while std::time::Instant::now() < deadline {
+                step += 1;
+                let (path, body) = if step.is_multiple_of(4) {
+                    let i = acknowledged.len();
+                    let text =
+                        format!("client {client} turn {i}: I visited museum number {i} today.");
+                    let body = json!({"first_index": i, "turns": [{"role": "user", "text": text}]});
+                    (format!("/v1/sessions/c{client}/turns"), body)
+                } else {
+                    let q = format!("Which museum did client {client} visit on step {step}?");
+                    ("/v1/search".to_string(), json!({"question": q}))
+                };
+                loop {
+                    let r = c
+                        .post(format!("{base}{path}"))
+                        .bearer_auth("key-alice")
+                        .json(&body)
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status() == 429 => {
+                            retries += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        // Before the first add, a search meets an empty namespace (404).
+                        Ok(r) if r.status() == 404 && path == "/v1/search" => break,
+                        Ok(r) if r.status().is_success() => {
+                            if path == "/v1/search" {
+                                searches += 1;
+                            } else {
+                                acknowledged
+                                    .push(body["turns"][0]["text"].as_str().unwrap().to_string());
+                            }
+                            break;
+                        }
+                        Ok(r) => {
+                            errors.push(format!("{path}: {}", r.status()));
+                            break;
+                        }
+                        Err(e) => {
+                            errors.push(format!("{path}: {e}"));
+                            break;
+                        }
+                    }
+                }
+            }
+            (acknowledged, searches, retries, errors)
+        }));
+    }
+    let mut total_searches = 0;
+    let mut results = Vec::new();
+    for t in tasks {
+        let (acked, searches, retries, errors) = t.await.unwrap();
+        assert!(
+            errors.is_empty(),
+            "{} errors: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(5)]
+        );
+        total_searches += searches;
+        let _ = retries;
+        results.push(acked);
+    }
+    let rss_after = rss_mib();
+    assert!(
+        total_searches > CLIENTS as u64,
+        "the clients searched ({total_searches})"
+    );
+    // Every acknowledged turn is stored, in order, with its text, and gets processed.
+    let ns = Namespace::new("alice").unwrap();
+    for (client, acked) in results.iter().enumerate() {
+        assert!(!acked.is_empty(), "client {client} stored nothing");
+        let sid = SessionId::new(format!("c{client}")).unwrap();
+        let turns = mem.store().turn_range(&ns, &sid, 0, u32::MAX).unwrap();
+        let texts: Vec<&str> = turns.iter().map(|t| t.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            acked.iter().map(String::as_str).collect::<Vec<_>>(),
+            "client {client}"
+        );
+    }
+    wait_until("every added turn is processed", || {
+        mem.unprocessed_sessions(&ns).unwrap().is_empty()
+    })
+    .await;
+    eprintln!(
+        "{CLIENTS} clients, {seconds} s: {total_searches} searches, {} turns; RSS {rss_before:.0} → {rss_after:.0} MiB",
+        results.iter().map(Vec::len).sum::<usize>()
+    );
+    assert!(
+        rss_after - rss_before < RSS_GROWTH_LIMIT_MIB,
+        "resident memory grew from {rss_before:.0} to {rss_after:.0} MiB"
+    );
+    server.stop().await;
 }

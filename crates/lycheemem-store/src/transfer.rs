@@ -1,7 +1,11 @@
 //! Export of a namespace to JSON Lines and import back, possibly into another store or name.
 //!
 //! The first line is a header (`format`, `version`, `namespace`, `dims`); then one object per
-//! line tagged by `kind`: `session`, `turn`, `segment`, `record`, `node`, `state`, `usage`.
+//! line tagged by `kind`: `session`, `turn`, `segment`, `record`, `node`, `state`, `usage`; the
+//! last line (`end`, since version 2) counts the lines of each kind, so a truncated file is
+//! refused. Before anything is written, an import checks the whole file: the header, the
+//! counts, and every reference (turns, segments, records and state name sessions of the file;
+//! records cite turns the file holds; nodes link records of the file).
 //! Vectors are included on request; on import, missing vectors are recomputed by the caller's
 //! embedding function, or left pending (see [`Store::pending_vectors`]) when there is none.
 //! An import is one transaction: it lands completely or not at all.
@@ -20,7 +24,9 @@ use crate::types::{SegmentRow, SessionInfo, Target};
 pub type EmbedFn = dyn Fn(&[String]) -> Result<Vec<Vec<f32>>>;
 
 const FORMAT: &str = "lycheemem-export";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// Files of this version have no `end` line; they are imported without the count check.
+const VERSION_WITHOUT_END: u32 = 1;
 
 /// What goes into an export.
 #[derive(Debug, Clone, Copy, Default)]
@@ -78,6 +84,154 @@ enum Line {
         value: serde_json::Value,
     },
     Usage(TokenUsage),
+    End(LineCounts),
+}
+
+/// Lines of each kind in an export (its `end` line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct LineCounts {
+    sessions: u64,
+    turns: u64,
+    segments: u64,
+    records: u64,
+    nodes: u64,
+    state: u64,
+    usage: u64,
+}
+
+impl LineCounts {
+    fn count(&mut self, line: &Line) {
+        match line {
+            Line::Session(_) => self.sessions += 1,
+            Line::Turn { .. } => self.turns += 1,
+            Line::Segment(_) => self.segments += 1,
+            Line::Record { .. } => self.records += 1,
+            Line::Node { .. } => self.nodes += 1,
+            Line::State { .. } => self.state += 1,
+            Line::Usage(_) => self.usage += 1,
+            Line::Header { .. } | Line::End(_) => {}
+        }
+    }
+}
+
+/// Checks a parsed export before anything is written: one header first, the `end` line last
+/// with matching counts (version 2), and references that resolve within the file.
+fn validate(lines: &[Line]) -> Result<()> {
+    let bad = |m: String| Err(Error::InvalidInput(format!("import: {m}")));
+    let version = match lines.first() {
+        Some(Line::Header { version, .. }) => *version,
+        _ => return bad("the first line must be the export header".into()),
+    };
+    let mut counts = LineCounts::default();
+    let mut end = None;
+    for (i, line) in lines.iter().enumerate().skip(1) {
+        match line {
+            Line::Header { .. } => return bad(format!("a second header at line {}", i + 1)),
+            Line::End(c) if i + 1 == lines.len() => end = Some(*c),
+            Line::End(_) => return bad(format!("lines after the end line ({})", i + 1)),
+            other => counts.count(other),
+        }
+    }
+    if version != VERSION_WITHOUT_END {
+        match end {
+            None => {
+                return bad(
+                    "the file ends without its end line: it is truncated (nothing was imported)"
+                        .into(),
+                );
+            }
+            Some(c) if c != counts => {
+                return bad(format!(
+                    "the end line counts {c:?} but the file holds {counts:?}: lines are missing \
+                     (nothing was imported)"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let mut sessions: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for line in lines {
+        if let Line::Session(info) = line
+            && !sessions.insert(info.id.as_str())
+        {
+            return bad(format!("session {} appears twice", info.id));
+        }
+    }
+    let mut turn_counts: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    let mut records: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let known = |s: &str, what: &str| -> Result<()> {
+        if sessions.contains(s) {
+            Ok(())
+        } else {
+            bad(format!(
+                "{what} names session {s}, which the file does not hold"
+            ))
+        }
+    };
+    for line in lines {
+        match line {
+            Line::Turn { turn, .. } => {
+                known(
+                    turn.session.as_str(),
+                    &format!("turn {}#{}", turn.session, turn.index),
+                )?;
+                let next = turn_counts.entry(turn.session.as_str()).or_default();
+                if turn.index != *next {
+                    return bad(format!(
+                        "turn {}#{} is out of order (expected index {next})",
+                        turn.session, turn.index
+                    ));
+                }
+                *next += 1;
+            }
+            Line::Record { record, .. } => {
+                records.insert(record.record_id.as_str());
+            }
+            _ => {}
+        }
+    }
+    for line in lines {
+        match line {
+            Line::Record { record, .. } => {
+                let session = record.source_session.as_str();
+                known(session, &format!("record {}", record.record_id))?;
+                let held = turn_counts.get(session).copied().unwrap_or(0);
+                if let Some(t) = record.evidence_turns.iter().find(|t| **t >= held) {
+                    return bad(format!(
+                        "record {} cites turn {session}#{t}, which the file does not hold",
+                        record.record_id
+                    ));
+                }
+            }
+            Line::Segment(row) => {
+                let session = row.segment.session.as_str();
+                known(session, &format!("segment {}", row.segment.id))?;
+                if row.segment.last_turn >= turn_counts.get(session).copied().unwrap_or(0) {
+                    return bad(format!(
+                        "segment {} ends at turn {session}#{}, which the file does not hold",
+                        row.segment.id, row.segment.last_turn
+                    ));
+                }
+            }
+            Line::Node { node, .. } => {
+                if let Some(r) = node
+                    .record_ids
+                    .iter()
+                    .find(|r| !records.contains(r.as_str()))
+                {
+                    return bad(format!(
+                        "node {} links record {r}, which the file does not hold",
+                        node.node_id
+                    ));
+                }
+            }
+            Line::State { session, name, .. } => {
+                known(session.as_str(), &format!("state {name}"))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Text embedded for each kind of item, the same text the indexes see.
@@ -111,8 +265,10 @@ impl Store {
                 .map(|v| vector_from_bytes(v.value())))
         };
         let mut n = 0u64;
+        let mut counts = LineCounts::default();
         let mut emit = |line: Line| -> Result<()> {
             n += 1;
+            counts.count(&line);
             write_line(out, &line)
         };
         emit(Line::Header {
@@ -167,7 +323,8 @@ impl Store {
         for (_, v) in scan_prefix(&txn.open_table(USAGE).map_err(db_err)?, &prefix)? {
             emit(Line::Usage(from_json(&v, "usage")?))?;
         }
-        Ok(n)
+        write_line(out, &Line::End(counts))?;
+        Ok(n + 1)
     }
 
     /// Imports an export into namespace `ns`, which must be empty. `embed` computes vectors the
@@ -205,9 +362,10 @@ impl Store {
                     Line::Header {
                         format, version, ..
                     } => {
-                        if format != FORMAT || *version != VERSION {
+                        if format != FORMAT || !(VERSION_WITHOUT_END..=VERSION).contains(version) {
                             return Err(Error::InvalidInput(format!(
-                                "not a {FORMAT} v{VERSION} file (found {format} v{version})"
+                                "not a {FORMAT} v{VERSION_WITHOUT_END}–v{VERSION} file \
+                                 (found {format} v{version})"
                             )));
                         }
                     }
@@ -223,7 +381,9 @@ impl Store {
         let Some(Line::Header { dims, .. }) = lines.first() else {
             return Err(Error::InvalidInput("import: empty file".into()));
         };
-        let same_dims = *dims == self.options().dims;
+        let dims = *dims;
+        validate(&lines)?;
+        let same_dims = dims == self.options().dims;
         let mut receipt = ImportReceipt::default();
         // Vectors: keep the file's when comparable, otherwise compute what we can.
         let mut missing: Vec<(usize, String)> = Vec::new();
@@ -270,7 +430,7 @@ impl Store {
         self.write(|w| {
             for line in lines {
                 match line {
-                    Line::Header { .. } => {}
+                    Line::Header { .. } | Line::End(_) => {}
                     Line::Session(info) => {
                         w.put_session(
                             ns,

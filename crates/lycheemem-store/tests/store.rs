@@ -591,6 +591,70 @@ fn export_import_round_trip_with_and_without_vectors() {
         .to_string();
     assert!(err.contains("line"), "{err}");
     assert_eq!(store.stats(&ns("broken")).unwrap().turns, 0);
+    // The whole file is checked before anything is written: a file cut at a line end, an end
+    // line whose counts disagree, a record of a session the file lacks, a record citing a turn
+    // the file lacks, a node linking a missing record: each refused, nothing imported.
+    let text = String::from_utf8(without.clone()).unwrap();
+    let lines: Vec<String> = text.lines().map(String::from).collect();
+    let find = |kind: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(&format!("\"kind\":\"{kind}\"")))
+            .unwrap()
+    };
+    let edit = |f: &dyn Fn(&mut Vec<String>)| {
+        let mut l = lines.clone();
+        f(&mut l);
+        l.join("\n") + "\n"
+    };
+    let session_line = find("session");
+    let record_line = find("record");
+    let node_line = find("node");
+    let cases: Vec<(&str, String)> = vec![
+        ("truncated", edit(&|l| l.truncate(l.len() - 2))),
+        (
+            "lines are missing",
+            edit(&|l| {
+                l.remove(find("turn"));
+            }),
+        ),
+        (
+            "does not hold",
+            edit(&|l| {
+                l.remove(session_line);
+                // The end line's count follows, so only the reference is wrong.
+                let end = l.len() - 1;
+                l[end] = l[end].replace("\"sessions\":1", "\"sessions\":0");
+            }),
+        ),
+        (
+            "cites turn",
+            edit(&|l| {
+                let mut v: serde_json::Value = serde_json::from_str(&l[record_line]).unwrap();
+                v["record"]["evidence_turns"] = serde_json::json!([999]);
+                l[record_line] = v.to_string();
+            }),
+        ),
+        (
+            "links record",
+            edit(&|l| {
+                let mut v: serde_json::Value = serde_json::from_str(&l[node_line]).unwrap();
+                v["node"]["record_ids"] = serde_json::json!(["no-such-record"]);
+                l[node_line] = v.to_string();
+            }),
+        ),
+    ];
+    for (want, file) in cases {
+        let err = store
+            .import(&ns("checked"), &mut file.as_bytes(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{want}: {err}");
+        assert!(
+            !store.has_namespace(&ns("checked")).unwrap(),
+            "{want}: nothing imported"
+        );
+    }
 }
 
 #[test]

@@ -82,6 +82,9 @@ impl NewTurn {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct IngestReceipt {
     pub turns_stored: u64,
+    /// Turns given again that were already stored (an idempotent retry or re-read file).
+    #[serde(default)]
+    pub turns_already_stored: u64,
     pub exchanges: u64,
     pub segments: Vec<SegmentSummary>,
     pub records: u64,
@@ -94,6 +97,7 @@ impl IngestReceipt {
     /// Adds another receipt's counts to this one.
     pub fn merge(&mut self, other: IngestReceipt) {
         self.turns_stored += other.turns_stored;
+        self.turns_already_stored += other.turns_already_stored;
         self.exchanges += other.exchanges;
         self.segments.extend(other.segments);
         self.records += other.records;
@@ -106,9 +110,15 @@ impl IngestReceipt {
 /// Where [`Memory::append_turns`] stored a batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AppendReceipt {
-    /// Index of the first stored turn in its session.
+    /// Index of the first newly stored turn in its session (the session's next index when
+    /// nothing was new).
     pub first_index: u32,
+    /// Turns newly stored.
     pub count: u64,
+    /// Turns of the batch that were already stored with the same content at their positions
+    /// (a retried or repeated batch, see [`Memory::append_turns_at`]).
+    #[serde(default)]
+    pub already_stored: u64,
 }
 
 /// One finalized segment as reported to the caller.
@@ -326,6 +336,24 @@ impl Memory {
         Ok(receipt)
     }
 
+    /// [`Memory::add_turns`] for a batch whose first turn belongs at `first_index` of the
+    /// session: idempotent, so a retried request or a re-read file adds nothing twice (see
+    /// [`Memory::append_turns_at`]).
+    pub fn add_turns_at(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        date: Option<&str>,
+        first_index: u32,
+        turns: Vec<NewTurn>,
+    ) -> Result<IngestReceipt> {
+        let appended = self.append_turns_at(ns, session, date, Some(first_index), turns)?;
+        let mut receipt = self.process(ns, session)?;
+        receipt.turns_stored = appended.count;
+        receipt.turns_already_stored = appended.already_stored;
+        Ok(receipt)
+    }
+
     /// Stores turns durably (validated, embedded) without segmenting or encoding them; call
     /// [`Memory::process`] later (e.g. from a background worker). Returns where they went.
     pub fn append_turns(
@@ -333,6 +361,22 @@ impl Memory {
         ns: &Namespace,
         session: &SessionId,
         date: Option<&str>,
+        turns: Vec<NewTurn>,
+    ) -> Result<AppendReceipt> {
+        self.append_turns_at(ns, session, date, None, turns)
+    }
+
+    /// Stores turns like [`Memory::append_turns`]; with `first_index`, the batch's first turn
+    /// belongs at that index of the session. Turns at indexes the session already holds must
+    /// equal the stored ones (role, speaker, text, time) and are skipped; the rest are appended.
+    /// A mismatch is [`Error::Conflict`]; a first index past the session's end is
+    /// [`Error::InvalidInput`] (it would leave a gap). Either way nothing is stored.
+    pub fn append_turns_at(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        date: Option<&str>,
+        first_index: Option<u32>,
         turns: Vec<NewTurn>,
     ) -> Result<AppendReceipt> {
         if turns.is_empty() {
@@ -360,12 +404,58 @@ impl Memory {
         }
         let _guard = self.lock_append();
         let existing = self.store.session(ns, session)?;
-        if existing.is_none() || date.is_some() {
-            let mut info = existing.unwrap_or_else(|| SessionInfo::new(session.clone(), None));
-            if let Some(d) = date {
-                info.date = Some(d.to_string());
+        let held = existing.as_ref().map_or(0, |s| s.turn_count);
+        let mut turns = turns;
+        let mut already_stored = 0u64;
+        if let Some(first) = first_index {
+            if first > held {
+                return Err(Error::InvalidInput(format!(
+                    "the batch starts at turn {first} of session {session}, which holds {held} \
+                     turns: the next turn index is {held}"
+                )));
             }
-            self.store.put_session(ns, info)?;
+            let overlap = (held - first).min(turns.len() as u32);
+            if overlap > 0 {
+                let stored = self
+                    .store
+                    .turn_range(ns, session, first, first + overlap - 1)?;
+                for (given, stored) in turns.iter().zip(&stored) {
+                    let same = given.role == stored.role
+                        && given.speaker == stored.speaker
+                        && given.text == stored.text
+                        && given.time == stored.time;
+                    if !same {
+                        return Err(Error::Conflict(format!(
+                            "turn {session}#{} is already stored with other content \
+                             (stored: {:?}; given: {:?}); nothing was stored",
+                            stored.index,
+                            lycheemem_core::text::head_and_tail(&stored.text, 80),
+                            lycheemem_core::text::head_and_tail(&given.text, 80),
+                        )));
+                    }
+                }
+                turns.drain(..overlap as usize);
+                already_stored = u64::from(overlap);
+            }
+        }
+        if existing.is_none() || date.is_some() {
+            let unchanged = existing
+                .as_ref()
+                .is_some_and(|s| date.is_none() || s.date.as_deref() == date);
+            if !unchanged {
+                let mut info = existing.unwrap_or_else(|| SessionInfo::new(session.clone(), None));
+                if let Some(d) = date {
+                    info.date = Some(d.to_string());
+                }
+                self.store.put_session(ns, info)?;
+            }
+        }
+        if turns.is_empty() {
+            return Ok(AppendReceipt {
+                first_index: held,
+                count: 0,
+                already_stored,
+            });
         }
         let start = self.store.session(ns, session)?.map_or(0, |s| s.turn_count);
         let stored: Vec<Turn> = turns
@@ -405,6 +495,7 @@ impl Memory {
         Ok(AppendReceipt {
             first_index: start,
             count: n,
+            already_stored,
         })
     }
 
@@ -612,6 +703,7 @@ impl Memory {
         let outcome = built.outcome;
         Ok(IngestReceipt {
             turns_stored: 0,
+            turns_already_stored: 0,
             exchanges: 0,
             segments: vec![SegmentSummary {
                 segment: segment.clone(),

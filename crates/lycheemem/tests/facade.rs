@@ -209,21 +209,49 @@ fn restarting_mid_conversation_gives_the_same_segments_and_records() {
     assert_eq!(snapshot(&memory, &ns), uninterrupted);
 }
 
-#[test]
-fn a_crash_between_the_segments_of_one_exchange_loses_none_of_them() {
-    let ns = Namespace::new("dana").unwrap();
-    let session = SessionId::new("s1").unwrap();
-    // The second exchange is over the segment limit (900 tokens): it closes the open segment
-    // and becomes one segment per turn, three segments finalized by one exchange.
+const CRASH_CHILD: &str = "LYCHEEMEM_FACADE_CRASH_CHILD";
+
+/// Three segments finalized by one exchange: the second exchange is over the segment limit
+/// (900 tokens), so it closes the open segment and becomes one segment per turn.
+fn three_segment_exchange() -> Vec<NewTurn> {
     let long = |who: &str| format!("{who} practised the cello today. {}", "scales ".repeat(600));
-    let turns = vec![
+    vec![
         NewTurn::user("I just adopted a beagle called Rex."),
         NewTurn::assistant("Congratulations! Beagles are lovely."),
         NewTurn::user(long("I")),
         NewTurn::assistant(long("You")),
         NewTurn::user("Rex loves long walks in the park."),
         NewTurn::assistant("That's great exercise for both of you."),
-    ];
+    ]
+}
+
+/// The child of the crash test: its process dies (abort, no unwinding, nothing flushed) inside
+/// the second encoder call.
+#[test]
+fn crash_child_dies_in_the_second_encoder_call() {
+    let Ok(dir) = std::env::var(CRASH_CHILD) else {
+        return;
+    };
+    let (mut comp, _) = components("x");
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    comp.encode_llm = Arc::new(ScriptedLlm::responding(move |messages| {
+        if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            std::process::abort();
+        }
+        lycheemem_testkit::echo_encoder_reply(messages.last().map_or("", |m| m.content.as_str()))
+    }));
+    let memory = Memory::with_components(&dir, Config::default(), comp).unwrap();
+    let ns = Namespace::new("dana").unwrap();
+    let session = SessionId::new("s1").unwrap();
+    let _ = memory.add_turns(&ns, &session, Some("2024-03-01"), three_segment_exchange());
+    unreachable!("the encoder aborts the process");
+}
+
+#[test]
+fn a_crash_between_the_segments_of_one_exchange_loses_none_of_them() {
+    let ns = Namespace::new("dana").unwrap();
+    let session = SessionId::new("s1").unwrap();
+    let turns = three_segment_exchange();
     let dir = tempfile::tempdir().unwrap();
     let (comp, _) = components("x");
     let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
@@ -235,23 +263,25 @@ fn a_crash_between_the_segments_of_one_exchange_loses_none_of_them() {
     assert!(uninterrupted.0.len() >= 3, "{:?}", uninterrupted.0);
     drop(memory);
 
-    // The process dies during the second encoder call: the first segment is committed, the
+    // A child process dies during the second encoder call: the first segment is committed, the
     // other two segments of that exchange are not.
     let dir = tempfile::tempdir().unwrap();
-    let (mut comp, _) = components("x");
-    let calls = std::sync::atomic::AtomicUsize::new(0);
-    comp.encode_llm = Arc::new(ScriptedLlm::responding(move |messages| {
-        if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-            panic!("killed during the second encoder call");
-        }
-        lycheemem_testkit::echo_encoder_reply(messages.last().map_or("", |m| m.content.as_str()))
-    }));
-    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
-    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        memory.add_turns(&ns, &session, Some("2024-03-01"), turns.clone())
-    }));
-    assert!(crashed.is_err());
-    drop(memory);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "crash_child_dies_in_the_second_encoder_call",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CRASH_CHILD, dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success() && out.status.code().is_none(),
+        "the child must die by a signal (abort), not exit: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (comp, _) = components("x");
     let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
     assert_eq!(
@@ -259,8 +289,53 @@ fn a_crash_between_the_segments_of_one_exchange_loses_none_of_them() {
         1,
         "one segment was committed"
     );
+    assert_eq!(memory.stats(&ns).unwrap().turns, 6, "every turn is stored");
     memory.flush(&ns, &session).unwrap();
     assert_eq!(snapshot(&memory, &ns), uninterrupted);
+}
+
+#[test]
+fn a_panicking_encoder_fails_its_segment_and_the_session_moves_on() {
+    let ns = Namespace::new("erin").unwrap();
+    let session = SessionId::new("s1").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut comp, _) = components("x");
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    comp.encode_llm = Arc::new(ScriptedLlm::responding(move |messages| {
+        if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            panic!("a defect reached by the second segment");
+        }
+        lycheemem_testkit::echo_encoder_reply(messages.last().map_or("", |m| m.content.as_str()))
+    }));
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    let mut receipt = memory
+        .add_turns(&ns, &session, Some("2024-03-01"), three_segment_exchange())
+        .unwrap();
+    receipt.merge(memory.flush(&ns, &session).unwrap());
+    assert_eq!(receipt.failed_segments, 1, "{receipt:?}");
+    let failure = receipt
+        .segments
+        .iter()
+        .find_map(|s| s.failure.clone())
+        .unwrap();
+    assert!(failure.contains("panicked"), "{failure}");
+    assert!(
+        calls.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+        "the segments after the failed one were encoded"
+    );
+    let stats = memory.stats(&ns).unwrap();
+    assert_eq!(stats.failed_segments, 1, "{stats:?}");
+    assert!(stats.records >= 2, "{stats:?}");
+    assert!(
+        memory.unprocessed_sessions(&ns).unwrap().is_empty(),
+        "nothing is left queued"
+    );
+    // A later call finds nothing stuck.
+    memory
+        .add_turns(&ns, &session, None, vec![NewTurn::user("One more thing.")])
+        .unwrap();
+    memory.flush(&ns, &session).unwrap();
 }
 
 #[test]
@@ -524,4 +599,53 @@ fn sessions_encode_concurrently_and_their_node_merges_lose_nothing() {
         "a node shared by both sessions: {nodes:?}"
     );
     assert_eq!(nodes, links(&seq));
+}
+
+#[test]
+fn turns_sent_again_at_their_index_are_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (comp, _) = components("x");
+    let memory = Memory::with_components(dir.path(), Config::default(), comp).unwrap();
+    let ns = Namespace::new("fay").unwrap();
+    let s = SessionId::new("s1").unwrap();
+    let turns = vec![
+        NewTurn::user("I moved to Porto in March."),
+        NewTurn::assistant("Porto is beautiful."),
+        NewTurn::user("My brother visits next week."),
+        NewTurn::assistant("Have a great time together."),
+    ];
+    let r = memory
+        .add_turns_at(&ns, &s, Some("2024-04-01"), 0, turns[..2].to_vec())
+        .unwrap();
+    assert_eq!((r.turns_stored, r.turns_already_stored), (2, 0));
+    // The same batch again (a retry, a re-read file): nothing new.
+    let r = memory
+        .add_turns_at(&ns, &s, Some("2024-04-01"), 0, turns[..2].to_vec())
+        .unwrap();
+    assert_eq!((r.turns_stored, r.turns_already_stored), (0, 2));
+    // A longer batch from the start: only the tail is new.
+    let r = memory
+        .add_turns_at(&ns, &s, None, 0, turns.clone())
+        .unwrap();
+    assert_eq!((r.turns_stored, r.turns_already_stored), (2, 2));
+    // Other content at a stored index: a conflict, and nothing is stored.
+    let mut changed = turns.clone();
+    changed[1] = NewTurn::assistant("Lisbon is beautiful.");
+    changed.push(NewTurn::user("A fifth turn."));
+    let e = memory.add_turns_at(&ns, &s, None, 0, changed).unwrap_err();
+    assert!(matches!(e, lycheemem_core::Error::Conflict(_)), "{e}");
+    // A batch past the end would leave a gap.
+    let e = memory
+        .add_turns_at(&ns, &s, None, 9, vec![NewTurn::user("late")])
+        .unwrap_err();
+    assert!(matches!(e, lycheemem_core::Error::InvalidInput(_)), "{e}");
+    memory.flush(&ns, &s).unwrap();
+    assert_eq!(memory.stats(&ns).unwrap().turns, 4);
+    let records = memory.stats(&ns).unwrap().records;
+    // After a flush, the whole session sent again changes nothing.
+    let r = memory.add_turns_at(&ns, &s, None, 0, turns).unwrap();
+    assert_eq!((r.turns_stored, r.turns_already_stored), (0, 4));
+    memory.flush(&ns, &s).unwrap();
+    assert_eq!(memory.stats(&ns).unwrap().turns, 4);
+    assert_eq!(memory.stats(&ns).unwrap().records, records);
 }
