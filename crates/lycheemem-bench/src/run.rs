@@ -827,6 +827,7 @@ pub fn run(
                                     top_k: spec.top_k,
                                     plan: cached_plan.as_ref().map(|p| &p.plan),
                                     trace: true,
+                                    cancel: Default::default(),
                                 },
                             )?;
                             let retrieval_ms: f64 = result
@@ -1088,6 +1089,7 @@ fn finish(
         q.date.as_deref(),
         evidence,
         &config.answer,
+        &Default::default(),
     )?;
     p.answer_ms = clock.elapsed().as_secs_f64() * 1e3;
     p.answer_tokens = tokens(&reply.usage);
@@ -1184,6 +1186,7 @@ fn prefetch_plans(
                 "",
                 q.date.as_deref(),
                 r,
+                &Default::default(),
             );
             Ok(CachedPlan {
                 key: key.clone(),

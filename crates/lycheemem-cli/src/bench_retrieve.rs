@@ -101,6 +101,7 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
                 top_k: 15,
                 plan: Some(&plan),
                 trace: false,
+                cancel: Default::default(),
             };
             let t = Instant::now();
             let result = retriever.search(&ns, &req)?;

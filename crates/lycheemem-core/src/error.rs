@@ -27,6 +27,9 @@ pub enum Error {
     /// The request contradicts what is stored (e.g. a turn re-sent with other content).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The work was stopped because its caller went away (see [`crate::Cancel`]).
+    #[error("cancelled: {0}")]
+    Cancelled(String),
     /// Something was looked up that does not exist.
     #[error("not found: {0}")]
     NotFound(String),

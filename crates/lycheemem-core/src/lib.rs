@@ -4,6 +4,7 @@
 //!
 //! This crate performs no I/O beyond reading a config file on request and never touches a model.
 
+pub mod cancel;
 pub mod config;
 pub mod date;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod turn;
 pub mod usage;
 pub mod vector;
 
+pub use cancel::Cancel;
 pub use config::Config;
 pub use error::{Error, Result};
 pub use evidence::{Candidate, CandidateTarget, Channel, Evidence, Provenance};

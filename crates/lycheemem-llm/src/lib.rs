@@ -100,6 +100,10 @@ pub struct GenerateOptions {
     /// When set, the output is a JSON value valid under this schema: enforced by masking logits
     /// (local) or requested via `response_format` and validated (remote).
     pub json_schema: Option<serde_json::Value>,
+    /// Raised when the caller no longer wants the reply: the call stops (local: between
+    /// decoding steps; remote: before each attempt) with `Error::Cancelled`.
+    #[serde(skip)]
+    pub cancel: lycheemem_core::Cancel,
 }
 
 impl Default for GenerateOptions {
@@ -113,6 +117,7 @@ impl Default for GenerateOptions {
             repeat_last_n: 64,
             stop: Vec::new(),
             json_schema: None,
+            cancel: lycheemem_core::Cancel::default(),
         }
     }
 }

@@ -313,6 +313,7 @@ impl LocalLlm {
     /// Prepares a request (tokens, grammar, sampler) on the caller's thread and waits for the
     /// worker to generate it.
     fn generate(&self, messages: &[ChatMessage], opts: &GenerateOptions) -> Result<Completion> {
+        opts.cancel.check("the LLM call")?;
         let (_, prompt) = self.prompt_tokens(messages)?;
         if prompt.len() + opts.max_tokens as usize > self.shared.context_length {
             return Err(Error::InvalidInput(format!(
@@ -394,6 +395,10 @@ struct Worker {
     clock: u64,
 }
 
+fn cancelled_error() -> Error {
+    Error::Cancelled("the LLM call stopped: its caller went away".into())
+}
+
 impl Worker {
     fn run(&mut self, queue: mpsc::Receiver<Job>) {
         loop {
@@ -409,6 +414,14 @@ impl Worker {
                     Ok(job) => self.accept(job),
                     Err(_) => break,
                 }
+            }
+            // Generations whose callers went away stop here and free their slots.
+            let (cancelled, active): (Vec<Active>, Vec<Active>) = std::mem::take(&mut self.active)
+                .into_iter()
+                .partition(|a| a.request.opts.cancel.is_cancelled());
+            self.active = active;
+            for a in cancelled {
+                self.finish(a, Err(cancelled_error()));
             }
             if !self.active.is_empty() {
                 self.step();
@@ -439,6 +452,11 @@ impl Worker {
     /// copied into an empty (else the least recently used) other slot, so an unrelated call does
     /// not overwrite a long cached prefix (a whole history) that later calls will want again.
     fn start(&mut self, request: Box<Request>) {
+        if request.opts.cancel.is_cancelled() {
+            // Cancelled while queued: no prefill.
+            let _ = request.reply.send(Err(cancelled_error()));
+            return;
+        }
         let started = Instant::now(); // latency counts from here, not from the queue
         let prompt = &request.prompt;
         let common = |slot: &Slot| {

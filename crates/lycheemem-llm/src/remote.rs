@@ -122,9 +122,14 @@ impl RemoteLlm {
     }
 
     /// One request with retries on 429 / 5xx / transport errors.
-    fn post(&self, body: &Value) -> Result<std::result::Result<Value, (u16, String)>> {
+    fn post(
+        &self,
+        body: &Value,
+        cancel: &lycheemem_core::Cancel,
+    ) -> Result<std::result::Result<Value, (u16, String)>> {
         let mut attempt = 0;
         loop {
+            cancel.check("the LLM call")?;
             let mut req = self.client.post(&self.url).json(body);
             if let Some(key) = &self.api_key {
                 req = req.bearer_auth(key);
@@ -194,7 +199,8 @@ impl RemoteLlm {
         };
         loop {
             let uses_schema = format.as_ref().is_some_and(|f| f["type"] == "json_schema");
-            match self.post(&self.body(messages, opts, format.clone()))? {
+            opts.cancel.check("the LLM call")?;
+            match self.post(&self.body(messages, opts, format.clone()), &opts.cancel)? {
                 Ok(value) => return parse_reply(&value, &self.url),
                 Err((400, text)) if uses_schema && mentions_format(&text) => {
                     // The server does not do json_schema; remember and use JSON mode.

@@ -277,3 +277,54 @@ fn an_unrelated_call_keeps_a_long_cached_prefix() {
     let again = llm.complete(&history, &opts).unwrap();
     assert_eq!(again.cached_prompt_tokens, again.prompt_tokens - 1);
 }
+
+#[test]
+fn a_cancelled_call_stops_decoding_and_frees_its_slot() {
+    let m = batching_model(2);
+    let cancel = lycheemem_core::Cancel::new();
+    let opts = GenerateOptions {
+        max_tokens: 2_000,
+        cancel: cancel.clone(),
+        ..GenerateOptions::default()
+    };
+    // Cancelled before it starts: no work at all.
+    let raised = lycheemem_core::Cancel::new();
+    raised.cancel();
+    let early = m.complete(
+        &ask("Hello"),
+        &GenerateOptions {
+            cancel: raised,
+            ..GenerateOptions::default()
+        },
+    );
+    assert!(
+        matches!(early, Err(lycheemem_core::Error::Cancelled(_))),
+        "{early:?}"
+    );
+    std::thread::scope(|s| {
+        let long = s.spawn(|| {
+            m.complete(
+                &ask("Write a very long story about a lighthouse keeper, in many chapters."),
+                &opts,
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        cancel.cancel();
+        let out = long.join().unwrap();
+        assert!(
+            matches!(out, Err(lycheemem_core::Error::Cancelled(_))),
+            "{out:?}"
+        );
+    });
+    // The slot is free and the model answers the next call as before.
+    let after = m
+        .complete(
+            &ask("Say hello."),
+            &GenerateOptions {
+                max_tokens: 8,
+                ..GenerateOptions::default()
+            },
+        )
+        .unwrap();
+    assert!(!after.text.is_empty());
+}

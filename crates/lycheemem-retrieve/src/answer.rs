@@ -140,11 +140,13 @@ pub fn answer(
     reference_date: Option<&str>,
     evidence: &[EvidenceItem],
     cfg: &AnswerConfig,
+    cancel: &lycheemem_core::Cancel,
 ) -> Result<AnswerText> {
     let messages = answer_messages(question, reference_date, evidence, cfg);
     let options = GenerateOptions {
         max_tokens: cfg.max_output_tokens,
         temperature: 0.0,
+        cancel: cancel.clone(),
         ..Default::default()
     };
     let reply = llm.complete(&messages, &options)?;

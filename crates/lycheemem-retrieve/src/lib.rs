@@ -245,6 +245,9 @@ pub struct SearchRequest<'a> {
     /// Record the stage accounting ([`SearchResult::stages`]) and the dropped candidates
     /// ([`SearchResult::dropped`]).
     pub trace: bool,
+    /// Raised when the caller went away: the planner call stops and the search returns
+    /// `Error::Cancelled` instead of running its routes.
+    pub cancel: lycheemem_core::Cancel,
 }
 
 /// The components retrieval runs on; backends are chosen by the caller's config.
@@ -274,9 +277,14 @@ impl Retriever<'_> {
                 fallback: None,
                 usage: None,
             },
-            (None, Some(llm)) if cfg.planner => {
-                planner::plan(llm, question, req.context, req.reference_date, cfg)
-            }
+            (None, Some(llm)) if cfg.planner => planner::plan(
+                llm,
+                question,
+                req.context,
+                req.reference_date,
+                cfg,
+                &req.cancel,
+            ),
             _ => PlanOutcome {
                 plan: Plan::single_route(question),
                 fallback: Some("planner disabled".into()),
@@ -284,6 +292,7 @@ impl Retriever<'_> {
             },
         };
         timings.insert("plan", clock.elapsed().as_secs_f64() * 1e3);
+        req.cancel.check("the search")?;
         let plan = outcome.plan;
         let ctx = route::RouteContext {
             store: self.store,

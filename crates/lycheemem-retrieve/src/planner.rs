@@ -112,6 +112,7 @@ pub fn plan(
     context: &str,
     reference_date: Option<&str>,
     cfg: &RetrievalConfig,
+    cancel: &lycheemem_core::Cancel,
 ) -> PlanOutcome {
     let messages = vec![
         ChatMessage::system(PLANNER_INSTRUCTIONS),
@@ -121,6 +122,7 @@ pub fn plan(
         max_tokens: 512,
         temperature: 0.0,
         json_schema: Some(plan_schema(cfg)),
+        cancel: cancel.clone(),
         ..Default::default()
     };
     match llm.complete(&messages, &options) {

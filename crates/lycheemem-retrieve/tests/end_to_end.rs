@@ -162,6 +162,7 @@ fn search(
         top_k: 5,
         plan: None,
         trace: true,
+        cancel: Default::default(),
     };
     (retriever.search(&w.ns, &req).unwrap(), planner)
 }
@@ -216,6 +217,7 @@ fn a_dated_question_is_answered_from_the_record_found_through_the_temporal_chann
         Some("2023-06-21"),
         &result.evidence,
         &AnswerConfig::default(),
+        &Default::default(),
     )
     .unwrap();
     assert_eq!(a.text, "Caroline went to a pottery class.");
@@ -252,6 +254,7 @@ fn a_person_specific_question_ranks_that_persons_fact_above_the_other_speakers()
         None,
         &result.evidence,
         &AnswerConfig::default(),
+        &Default::default(),
     )
     .unwrap();
     assert!(

@@ -25,6 +25,10 @@ pub struct Limits {
     pub max_question_chars: usize,
     pub max_top_k: usize,
     pub max_page: usize,
+    /// Searches and answers running at once (each holds its slot until its work ends, even
+    /// when its client has gone); more are refused with 429 `busy`, so waiting LLM calls stay
+    /// bounded and a new question never queues behind abandoned ones.
+    pub max_queries_in_flight: usize,
 }
 
 impl Default for Limits {
@@ -34,6 +38,7 @@ impl Default for Limits {
             max_question_chars: 8_000,
             max_top_k: 100,
             max_page: 1_000,
+            max_queries_in_flight: 16,
         }
     }
 }
@@ -45,6 +50,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub queue: mpsc::Sender<Job>,
     pub limits: Limits,
+    /// Admission of searches and answers (`limits.max_queries_in_flight` permits).
+    pub queries: Arc<tokio::sync::Semaphore>,
+    /// Turns true when the server begins to shut down: running questions stop their LLM work.
+    pub shutting_down: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The namespace an authenticated request is confined to.
@@ -60,6 +69,53 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| ApiError::internal(format!("worker task failed: {e}")))?
         .map_err(ApiError::from)
+}
+
+/// Runs a question's work (search or answer) off the async runtime: admitted under
+/// `max_queries_in_flight` (429 `busy` past it), stopped when the request is dropped (its
+/// client went away, or the request timed out), and its LLM usage counted in the metrics when
+/// the work ends, whether or not anyone is still waiting for it.
+pub(crate) async fn run_query<T: Send + 'static>(
+    s: &AppState,
+    mut opts: QueryOptions,
+    work: impl FnOnce(&Memory, &QueryOptions) -> lycheemem_core::Result<T> + Send + 'static,
+    usage: fn(&T) -> &[lycheemem_core::TokenUsage],
+) -> ApiResult<T> {
+    let Ok(permit) = s.queries.clone().try_acquire_owned() else {
+        s.metrics.queries_refused.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::busy(s.limits.max_queries_in_flight));
+    };
+    let cancel = lycheemem_core::Cancel::new();
+    opts.cancel = cancel.clone();
+    let on_drop = cancel.on_drop();
+    let memory = s.memory.clone();
+    let metrics = s.metrics.clone();
+    metrics.queries_in_flight.fetch_add(1, Ordering::Relaxed);
+    let work = blocking(move || {
+        let _permit = permit;
+        let result = work(&memory, &opts);
+        match &result {
+            Ok(v) => metrics.record_usage(usage(v)),
+            Err(lycheemem_core::Error::Cancelled(_)) => {
+                metrics.queries_cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+        metrics.queries_in_flight.fetch_sub(1, Ordering::Relaxed);
+        result
+    });
+    tokio::pin!(work);
+    let mut shutting_down = s.shutting_down.clone();
+    let result = tokio::select! {
+        result = &mut work => result,
+        // Shutdown does not wait for a question's LLM calls: they stop, and it answers 503.
+        _ = async { shutting_down.wait_for(|down| *down).await.map(|_| ()) } => {
+            cancel.cancel();
+            work.await
+        }
+    };
+    on_drop.disarm();
+    result
 }
 
 fn session_id(s: &str) -> ApiResult<SessionId> {
@@ -336,14 +392,14 @@ fn query_options(s: &AppState, q: &QueryRequest) -> ApiResult<QueryOptions> {
         top_k,
         context: q.context.clone().unwrap_or_default(),
         reference_date: q.date.clone(),
-        trace: false,
+        ..QueryOptions::default()
     })
 }
 
 /// The evidence retrieval picks for a question (one planner call).
 #[utoipa::path(post, path = "/v1/search", request_body = QueryRequest,
     responses((status = 200, body = SearchResponse), (status = 400, body = ErrorResponse),
-        (status = 404, body = ErrorResponse)),
+        (status = 404, body = ErrorResponse), (status = 429, body = ErrorResponse)),
     security(("api_key" = [])))]
 pub async fn search(
     State(s): State<AppState>,
@@ -352,9 +408,13 @@ pub async fn search(
 ) -> ApiResult<Json<SearchResponse>> {
     let Json(q) = body?;
     let opts = query_options(&s, &q)?;
-    let memory = s.memory.clone();
-    let r = blocking(move || memory.search(&ns, &q.question, &opts)).await?;
-    s.metrics.record_usage(&r.usage);
+    let r = run_query(
+        &s,
+        opts,
+        move |m, opts| m.search(&ns, &q.question, opts),
+        |r| &r.usage,
+    )
+    .await?;
     Ok(Json(SearchResponse {
         plan: to_value(&r.plan),
         plan_fallback: r.plan_fallback.clone(),
@@ -367,7 +427,7 @@ pub async fn search(
 /// Answer a question from memory (one planner and one answer call).
 #[utoipa::path(post, path = "/v1/answer", request_body = QueryRequest,
     responses((status = 200, body = AnswerResponse), (status = 400, body = ErrorResponse),
-        (status = 404, body = ErrorResponse)),
+        (status = 404, body = ErrorResponse), (status = 429, body = ErrorResponse)),
     security(("api_key" = [])))]
 pub async fn answer(
     State(s): State<AppState>,
@@ -376,9 +436,13 @@ pub async fn answer(
 ) -> ApiResult<Json<AnswerResponse>> {
     let Json(q) = body?;
     let opts = query_options(&s, &q)?;
-    let memory = s.memory.clone();
-    let a = blocking(move || memory.answer(&ns, &q.question, &opts)).await?;
-    s.metrics.record_usage(&a.usage);
+    let a = run_query(
+        &s,
+        opts,
+        move |m, opts| m.answer(&ns, &q.question, opts),
+        |a| &a.usage,
+    )
+    .await?;
     Ok(Json(AnswerResponse {
         tokens: a.tokens(),
         evidence: a.search.evidence.iter().map(to_value).collect(),

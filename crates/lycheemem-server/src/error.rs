@@ -11,8 +11,8 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorBody {
     /// Stable code: `unauthorized`, `invalid_json`, `invalid_body`, `invalid_input`,
-    /// `unsupported_media_type`, `payload_too_large`, `not_found`, `queue_full`,
-    /// `shutting_down`, `timeout`, `model_error`, `internal`.
+    /// `unsupported_media_type`, `payload_too_large`, `not_found`, `conflict`, `queue_full`, `busy`,
+    /// `shutting_down`, `timeout`, `cancelled`, `model_error`, `internal`.
     pub code: String,
     pub message: String,
 }
@@ -55,6 +55,13 @@ impl ApiError {
             "the encoding queue is full; retry shortly (nothing was stored)",
         )
     }
+    pub fn busy(limit: usize) -> Self {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "busy",
+            format!("{limit} searches and answers are running; retry shortly"),
+        )
+    }
     pub fn shutting_down() -> Self {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -74,6 +81,10 @@ impl From<lycheemem_core::Error> for ApiError {
             E::InvalidInput(m) => ApiError::invalid(m.clone()),
             E::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found", m.clone()),
             E::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m.clone()),
+            // Only seen by a client still waiting (e.g. when the server timed the work out).
+            E::Cancelled(m) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cancelled", m.clone())
+            }
             E::Model(m) => ApiError::new(StatusCode::BAD_GATEWAY, "model_error", m.clone()),
             _ => ApiError::internal(e.to_string()),
         }

@@ -241,13 +241,34 @@ pub async fn serve_listener(
     if requeued > 0 {
         tracing::info!("re-queued {requeued} session(s) with unprocessed turns");
     }
+    let (down_tx, down_rx) = tokio::sync::watch::channel(false);
     let state = AppState {
         memory,
-        metrics,
+        metrics: metrics.clone(),
         queue: tx,
         limits: cfg.limits.clone(),
+        queries: Arc::new(tokio::sync::Semaphore::new(
+            cfg.limits.max_queries_in_flight.max(1),
+        )),
+        shutting_down: down_rx,
     };
     let app = router(state, Arc::new(LiveKeys::new(keys)), &cfg);
+    let drain_timeout = cfg.drain_timeout;
+    let shutdown = async move {
+        shutdown.await;
+        tracing::info!(
+            "shutting down: stopping {} running search(es)/answer(s); then waiting up to {:?} \
+             for {} queued encoding job(s) (what is left is processed at the next start)",
+            metrics
+                .queries_in_flight
+                .load(std::sync::atomic::Ordering::Relaxed),
+            drain_timeout,
+            metrics
+                .queue_depth
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let _ = down_tx.send(true);
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -56,7 +56,7 @@ impl QuestionArgs {
             top_k: self.top_k.unwrap_or(0).min(100),
             context: String::new(),
             reference_date: self.date.clone(),
-            trace: false,
+            ..QueryOptions::default()
         }
     }
 }
@@ -192,6 +192,36 @@ impl MemoryTools {
         }
     }
 
+    /// A question's work: over HTTP under the server's admission bound and cancelled with the
+    /// request (see `api::run_query`); over stdio directly.
+    async fn with_question<T: Send + 'static>(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        opts: QueryOptions,
+        work: impl FnOnce(&Memory, &Namespace, &QueryOptions) -> lycheemem_core::Result<T>
+        + Send
+        + 'static,
+        usage: fn(&T) -> &[lycheemem_core::TokenUsage],
+        render: impl FnOnce(T) -> CallToolResult,
+    ) -> Result<CallToolResult, McpError> {
+        let ns = self.namespace(ctx)?;
+        let result = match &self.ingest {
+            Ingest::Queued(state) => {
+                crate::api::run_query(state, opts, move |m, o| work(m, &ns, o), usage)
+                    .await
+                    .map_err(|e| e.message)
+            }
+            Ingest::Direct => {
+                let memory = self.memory.clone();
+                blocking(move || work(&memory, &ns, &opts)).await
+            }
+        };
+        Ok(match result {
+            Ok(v) => render(v),
+            Err(e) => fail(e),
+        })
+    }
+
     #[tool(
         description = "Find the memory evidence for a question: records and dialogue snippets with dates and scores."
     )]
@@ -201,9 +231,11 @@ impl MemoryTools {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let opts = a.options();
-        self.with_memory(
+        self.with_question(
             &ctx,
-            move |m, ns| m.search(ns, &a.question, &opts),
+            opts,
+            move |m, ns, opts| m.search(ns, &a.question, opts),
+            |r| &r.usage,
             |r| {
                 ok_json(
                     &r.evidence
@@ -234,9 +266,11 @@ impl MemoryTools {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let opts = a.options();
-        self.with_memory(
+        self.with_question(
             &ctx,
-            move |m, ns| m.answer(ns, &a.question, &opts),
+            opts,
+            move |m, ns, opts| m.answer(ns, &a.question, opts),
+            |a| &a.usage,
             |a| CallToolResult::success(vec![ContentBlock::text(a.text)]),
         )
         .await

@@ -29,6 +29,12 @@ pub struct Metrics {
     pub segments_failed: AtomicU64,
     pub queue_depth: AtomicI64,
     pub worker_errors: AtomicU64,
+    /// Searches and answers running now (admitted, work not yet ended).
+    pub queries_in_flight: AtomicI64,
+    /// Searches and answers refused because `max_queries_in_flight` were running.
+    pub queries_refused: AtomicU64,
+    /// Searches and answers stopped because their client went away or timed out.
+    pub queries_cancelled: AtomicU64,
 }
 
 impl Metrics {
@@ -132,6 +138,24 @@ impl Metrics {
                 "Segments whose encoding failed (raw turns kept).",
                 "counter",
                 self.segments_failed.load(Ordering::Relaxed) as i64,
+            ),
+            (
+                "lycheemem_queries_in_flight",
+                "Searches and answers running now.",
+                "gauge",
+                self.queries_in_flight.load(Ordering::Relaxed),
+            ),
+            (
+                "lycheemem_queries_refused_total",
+                "Searches and answers refused with 429 (too many in flight).",
+                "counter",
+                self.queries_refused.load(Ordering::Relaxed) as i64,
+            ),
+            (
+                "lycheemem_queries_cancelled_total",
+                "Searches and answers stopped because their client went away or timed out.",
+                "counter",
+                self.queries_cancelled.load(Ordering::Relaxed) as i64,
             ),
             (
                 "lycheemem_worker_errors_total",

@@ -1082,3 +1082,164 @@ async fn eight_clients_under_load_lose_nothing() {
     );
     server.stop().await;
 }
+
+/// A planner that holds each call until it is released or its caller cancels it (as the local
+/// LLM does between decoding steps), counting both.
+#[derive(Default)]
+struct HeldPlanner {
+    waiting: AtomicUsize,
+    cancelled: AtomicUsize,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl lycheemem_llm::Llm for HeldPlanner {
+    fn complete(
+        &self,
+        _messages: &[lycheemem_llm::ChatMessage],
+        options: &lycheemem_llm::GenerateOptions,
+    ) -> lycheemem_core::Result<lycheemem_llm::Completion> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let outcome = loop {
+            if options.cancel.is_cancelled() {
+                self.cancelled.fetch_add(1, Ordering::SeqCst);
+                break Err(lycheemem_core::Error::Cancelled("planner".into()));
+            }
+            if self.released.load(Ordering::SeqCst) {
+                break Ok(lycheemem_llm::Completion {
+                    text: r#"{"question_type": "single", "semantic_queries": [], "temporal_filter": null, "routes": [{"route_id": "r1", "goal": "find it", "queries": [], "constraints": [], "temporal_filter": null}]}"#.into(),
+                    finish_reason: lycheemem_llm::FinishReason::Stop,
+                    prompt_tokens: 100,
+                    completion_tokens: 40,
+                    cached_prompt_tokens: 0,
+                    latency_ms: 1,
+                    usage_estimated: false,
+                    model: "held".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        outcome
+    }
+
+    fn model_id(&self) -> &str {
+        "held"
+    }
+
+    fn context_length(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Questions whose clients are gone stop their LLM work; past `max_queries_in_flight` a new
+/// question is refused at once (429 `busy`, not queued behind abandoned ones); metrics count the
+/// refused and the cancelled; once the planner answers, questions are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_questions_stop_and_a_full_house_answers_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let planner = Arc::new(HeldPlanner::default());
+    let mut components = Components::with_llm(
+        Arc::new(HashEmbedder::new(64)),
+        Arc::new(ScriptedLlm::pipeline("scripted answer")),
+    );
+    components.plan_llm = planner.clone();
+    let mem = Arc::new(Memory::with_components(dir.path(), Config::default(), components).unwrap());
+    let ns = Namespace::new("alice").unwrap();
+    mem.add_turns(
+        &ns,
+        &SessionId::new("s1").unwrap(),
+        Some("2024-05-01"),
+        vec![NewTurn::user("I adopted a tabby cat named Miso.")],
+    )
+    .unwrap();
+    let cfg = ServerConfig {
+        limits: lycheemem_server::api::Limits {
+            max_queries_in_flight: 2,
+            ..Default::default()
+        },
+        ..ServerConfig::default()
+    };
+    let server = start(mem.clone(), cfg).await;
+    let question = json!({"question": "What is my cat called?"});
+    // Two clients ask and give up after 300 ms (their connections close).
+    let mut impatient = Vec::new();
+    for _ in 0..2 {
+        let c = reqwest::Client::builder()
+            .timeout(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let url = format!("{}/v1/search", server.base);
+        let body = question.clone();
+        impatient.push(tokio::spawn(async move {
+            c.post(url)
+                .bearer_auth("key-alice")
+                .json(&body)
+                .send()
+                .await
+        }));
+    }
+    let p = planner.clone();
+    wait_until("both questions wait for the planner", move || {
+        p.waiting.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    // A third question while both run: refused at once, nothing queued.
+    let api = Api {
+        c: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let r = api.post("/v1/search", "key-alice", question.clone()).await;
+    assert_eq!(code_of(r).await, (429, "busy".into()));
+    for t in impatient {
+        assert!(t.await.unwrap().is_err(), "the impatient client timed out");
+    }
+    // Their planner calls stop although nobody released them.
+    let p = planner.clone();
+    wait_until("the abandoned planner calls are cancelled", move || {
+        p.cancelled.load(Ordering::SeqCst) == 2 && p.waiting.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    let metrics = || async {
+        api.send(reqwest::Method::GET, "/metrics", None, None)
+            .await
+            .text()
+            .await
+            .unwrap()
+    };
+    let mut m = String::new();
+    for _ in 0..100 {
+        m = metrics().await;
+        if m.contains("lycheemem_queries_cancelled_total 2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(m.contains("lycheemem_queries_cancelled_total 2"), "{m}");
+    assert!(m.contains("lycheemem_queries_refused_total 1"), "{m}");
+    assert!(m.contains("lycheemem_queries_in_flight 0"), "{m}");
+    // Served again once the planner answers; the plan tokens are counted.
+    planner.released.store(true, Ordering::SeqCst);
+    let r = api.post("/v1/search", "key-alice", question.clone()).await;
+    assert_eq!(r.status(), 200);
+    let m = metrics().await;
+    assert!(
+        m.contains("lycheemem_llm_tokens_total{purpose=\"plan\",kind=\"prompt\"} 100"),
+        "{m}"
+    );
+    // Shutdown does not wait for a question held in the planner: it stops it and answers 503.
+    planner.released.store(false, Ordering::SeqCst);
+    let waiting = tokio::spawn(async move { api.post("/v1/search", "key-alice", question).await });
+    let p = planner.clone();
+    wait_until("a question waits for the planner", move || {
+        p.waiting.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(10), server.stop())
+        .await
+        .expect("shutdown waited for a held question");
+    assert_eq!(
+        code_of(waiting.await.unwrap()).await,
+        (503, "cancelled".into())
+    );
+    assert_eq!(planner.cancelled.load(Ordering::SeqCst), 3);
+}

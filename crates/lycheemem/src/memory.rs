@@ -160,6 +160,9 @@ pub struct QueryOptions {
     /// Keep the stage accounting and the candidates not chosen (`SearchResult::stages`,
     /// `dropped`; what `explain` lists as not chosen).
     pub trace: bool,
+    /// Raise it to stop the question's LLM calls (e.g. when a server's client went away); the
+    /// call then returns `Error::Cancelled`.
+    pub cancel: lycheemem_core::Cancel,
 }
 
 /// An answer with its evidence and what it cost.
@@ -749,6 +752,7 @@ impl Memory {
             top_k: opts.top_k,
             plan: None,
             trace: opts.trace,
+            cancel: opts.cancel.clone(),
         };
         let result = retriever.search(ns, &req)?;
         if !result.usage.is_empty() {
@@ -766,6 +770,7 @@ impl Memory {
             opts.reference_date.as_deref(),
             &search.evidence,
             &self.config.answer,
+            &opts.cancel,
         )?;
         self.store
             .log_usage(ns, std::slice::from_ref(&reply.usage))?;
