@@ -296,4 +296,52 @@ mod tests {
             .is_err()
         );
     }
+
+    fn hostile() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| serde_json::json!(f)),
+            any::<String>().prop_map(Value::from),
+            Just(serde_json::json!("user")),
+            Just(serde_json::json!("9999999-12-31")),
+        ];
+        leaf.prop_recursive(4, 48, 5, |inner| {
+            let keys = prop_oneof![
+                Just("sessions".to_string()),
+                Just("turns".to_string()),
+                Just("text".to_string()),
+                Just("role".to_string()),
+                Just("id".to_string()),
+                Just("date".to_string()),
+                Just("conversation".to_string()),
+                Just("haystack_sessions".to_string()),
+                "[a-z_]{1,10}",
+            ];
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(keys, inner, 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Every format's reader gives conversations or a clear error for any JSON, and the
+        /// line reader for any text; none panics.
+        #[test]
+        fn no_input_panics_a_reader(value in hostile(), text in proptest::prelude::any::<String>()) {
+            let _ = detect(&value, &text);
+            let _ = read_own(&value);
+            let _ = read_chat(&value, "s", Some("2024-01-01"));
+            let _ = read_locomo(&value);
+            let _ = read_longmemeval(&value);
+            let _ = read_jsonl(&text);
+            let _ = read_jsonl(&format!("{value}\n{value}"));
+        }
+    }
 }

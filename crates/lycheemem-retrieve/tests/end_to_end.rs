@@ -422,3 +422,62 @@ fn a_source_window_is_described_by_its_own_turns_not_by_its_anchor() {
         );
     }
 }
+
+/// Nothing a planner writes can panic plan parsing: arbitrary text and plan-shaped replies
+/// with hostile values give a plan or a clear error (the caller then falls back).
+mod plan_replies {
+    use lycheemem_core::config::RetrievalConfig;
+    use lycheemem_retrieve::planner::parse_plan;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    fn hostile() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| json!(f)),
+            any::<String>().prop_map(Value::from),
+            Just(json!("200000000000 days ago")),
+            Just(json!("9999999-12-31")),
+            Just(json!("last week")),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-z_]{1,16}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn plan_like() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            hostile().prop_map(|v| v.to_string()),
+            (hostile(), hostile(), prop::collection::vec((hostile(), hostile(), hostile()), 0..6))
+                .prop_map(|(ty, filter, routes)| {
+                    let routes: Vec<Value> = routes
+                        .into_iter()
+                        .map(|(q, c, f)| {
+                            json!({"route_id": "r", "goal": "g", "queries": q, "constraints": c, "temporal_filter": f})
+                        })
+                        .collect();
+                    json!({"question_type": ty, "semantic_queries": [], "temporal_filter": filter, "routes": routes}).to_string()
+                }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        #[test]
+        fn plan_replies_never_panic(text in plan_like(), dated in any::<bool>()) {
+            let cfg = RetrievalConfig::default();
+            let date = dated.then_some("2023-05-08");
+            if let Ok(plan) = parse_plan(&text, "When did Ana move?", date, &cfg) {
+                prop_assert!(!plan.routes.is_empty());
+            }
+        }
+    }
+}

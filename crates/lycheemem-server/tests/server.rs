@@ -1243,3 +1243,101 @@ async fn abandoned_questions_stop_and_a_full_house_answers_busy() {
     );
     assert_eq!(planner.cancelled.load(Ordering::SeqCst), 3);
 }
+
+/// Hostile bodies on every POST route and the MCP endpoint: random bytes, random JSON, and
+/// near-valid requests with wrong types, huge numbers and absurd dates. Each gets a 2xx or 4xx
+/// with the JSON error format, never a 5xx; the server stays healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_bodies_get_client_errors_never_server_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        memory(dir.path(), Arc::new(Gate::default())),
+        ServerConfig::default(),
+    )
+    .await;
+    let api = Api {
+        c: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    // The namespace exists, so searches get past "no memory".
+    let r = api.post("/v1/sessions/s/turns", "key-alice", turns()).await;
+    assert_eq!(r.status(), 202);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let hostile_values = [
+        json!(null),
+        json!(-1),
+        json!(1e300),
+        json!(u64::MAX),
+        json!("200000000000 days ago"),
+        json!("9999999-12-31"),
+        json!([]),
+        json!({}),
+        json!("x".repeat(5000)),
+        json!([{"text": null}]),
+    ];
+    let fields = [
+        "turns",
+        "date",
+        "first_index",
+        "question",
+        "top_k",
+        "context",
+        "text",
+        "role",
+    ];
+    let routes = [
+        "/v1/sessions/s/turns",
+        "/v1/search",
+        "/v1/answer",
+        "/v1/sessions/s/flush",
+        "/mcp",
+    ];
+    for case in 0..300 {
+        let body: Vec<u8> = match case % 3 {
+            0 => (0..next() % 200).map(|_| next() as u8).collect(),
+            1 => {
+                let mut obj = serde_json::Map::new();
+                for _ in 0..1 + next() % 4 {
+                    let f = fields[(next() % fields.len() as u64) as usize];
+                    let v = hostile_values[(next() % hostile_values.len() as u64) as usize].clone();
+                    obj.insert(f.to_string(), v);
+                }
+                Value::Object(obj).to_string().into_bytes()
+            }
+            _ => {
+                let v = hostile_values[(next() % hostile_values.len() as u64) as usize].clone();
+                json!({"question": "What is my cat called?", "date": v, "top_k": v,
+                       "turns": [{"text": "hi", "time": v}], "jsonrpc": "2.0", "id": v, "method": v})
+                .to_string()
+                .into_bytes()
+            }
+        };
+        let route = routes[case % routes.len()];
+        let r = api
+            .c
+            .post(format!("{}{route}", api.base))
+            .bearer_auth("key-alice")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        assert!(
+            status < 500,
+            "{route} answered {status} to {:?}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(120)]),
+            r.text().await.unwrap_or_default()
+        );
+    }
+    let health = api.send(reqwest::Method::GET, "/health", None, None).await;
+    assert_eq!(health.status(), 200);
+    server.stop().await;
+}
