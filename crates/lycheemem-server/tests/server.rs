@@ -772,13 +772,8 @@ async fn mcp_tools_over_stdio() {
     let _ = client.cancel().await;
 }
 
-/// Both namespaces hold near-identical memory (same session names, the same sentences but for
-/// one name): every route and MCP tool used with the other namespace's ids, session names and
-/// questions returns, counts, exports and deletes nothing across the boundary.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_full_namespaces_share_nothing() {
-    use rmcp::model::CallToolRequestParams;
-
+/// A server over a fresh memory with the default config, and a client for it.
+async fn plain_server() -> (tempfile::TempDir, Running, Api) {
     let dir = tempfile::tempdir().unwrap();
     let server = start(
         memory(dir.path(), Arc::new(Gate::default())),
@@ -789,6 +784,17 @@ async fn two_full_namespaces_share_nothing() {
         c: reqwest::Client::new(),
         base: server.base.clone(),
     };
+    (dir, server, api)
+}
+
+/// Both namespaces hold near-identical memory (same session names, the same sentences but for
+/// one name): every route and MCP tool used with the other namespace's ids, session names and
+/// questions returns, counts, exports and deletes nothing across the boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_full_namespaces_share_nothing() {
+    use rmcp::model::CallToolRequestParams;
+
+    let (_dir, server, api) = plain_server().await;
     const A: &str = "key-alice";
     const B: &str = "key-bob";
     let conversation = |pet: &str| {
@@ -1245,20 +1251,11 @@ async fn abandoned_questions_stop_and_a_full_house_answers_busy() {
 }
 
 /// Hostile bodies on every POST route and the MCP endpoint: random bytes, random JSON, and
-/// near-valid requests with wrong types, huge numbers and absurd dates. Each gets a 2xx or 4xx
-/// with the JSON error format, never a 5xx; the server stays healthy.
+/// near-valid requests with wrong types, huge numbers and absurd dates. Each gets a 2xx or 4xx,
+/// never a 5xx; the server stays healthy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_bodies_get_client_errors_never_server_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(
-        memory(dir.path(), Arc::new(Gate::default())),
-        ServerConfig::default(),
-    )
-    .await;
-    let api = Api {
-        c: reqwest::Client::new(),
-        base: server.base.clone(),
-    };
+    let (_dir, server, api) = plain_server().await;
     // The namespace exists, so searches get past "no memory".
     let r = api.post("/v1/sessions/s/turns", "key-alice", turns()).await;
     assert_eq!(r.status(), 202);
