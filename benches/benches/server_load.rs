@@ -4,7 +4,8 @@
 //!
 //! `cargo bench -p lycheemem-benches --bench server_load -- --records 100000 --clients 16 --seconds 60`
 //!
-//! Prints throughput, p50/p99 latency per operation, errors (any non-2xx or transport error),
+//! Prints throughput, p50/p99 latency per operation, refusals (429, backpressure), errors (any
+//! other non-2xx or transport error), acknowledged turns missing afterwards,
 //! RSS before and after, and the reference: the same searches called in-process on the memory
 //! (no HTTP), sequentially, in the same run.
 
@@ -88,18 +89,21 @@ fn main() -> anyhow::Result<()> {
             let (http, base, questions) = (http.clone(), base.clone(), questions.clone());
             tasks.push(tokio::spawn(async move {
                 let mut rng = Rng(1000 + c as u64);
-                let mut out: Vec<(&'static str, f64, Option<String>)> = Vec::new();
+                let mut out: Vec<(&'static str, f64, Outcome)> = Vec::new();
                 let mut adds = 0usize;
+                // Turns acknowledged per session of this client.
+                let mut acknowledged: BTreeMap<String, u64> = BTreeMap::new();
                 while Instant::now() < deadline {
                     let is_add = (rng.unit() as f64) < add_share;
                     let t = Instant::now();
+                    let session = format!("load-{c}-{}", adds / 20);
                     let req = if is_add {
                         adds += 1;
                         let body = serde_json::json!({"turns": [
                             {"role": "user", "text": sentence(&mut rng, 20_000, 12)},
                             {"role": "assistant", "text": sentence(&mut rng, 20_000, 12)}
                         ]});
-                        http.post(format!("{base}/v1/sessions/load-{c}-{}/turns", adds / 20))
+                        http.post(format!("{base}/v1/sessions/{session}/turns"))
                             .bearer_auth("load-key")
                             .json(&body)
                     } else {
@@ -109,14 +113,26 @@ fn main() -> anyhow::Result<()> {
                             .json(&serde_json::json!({"question": q}))
                     };
                     let failure = match req.send().await {
-                        Ok(r) if r.status().is_success() => {
-                            r.bytes().await.err().map(|e| e.to_string())
-                        }
+                        Ok(r) if r.status().is_success() => match r.bytes().await {
+                            Ok(_) => {
+                                if is_add {
+                                    *acknowledged.entry(session).or_default() += 2;
+                                }
+                                Outcome::Ok
+                            }
+                            Err(e) => Outcome::Error(e.to_string()),
+                        },
+                        // Backpressure (a full queue, too many questions): refused before
+                        // anything was stored; a client would retry.
+                        Ok(r) if r.status().as_u16() == 429 => Outcome::Refused,
                         Ok(r) => {
                             let status = r.status();
-                            Some(format!("{status} {}", r.text().await.unwrap_or_default()))
+                            Outcome::Error(format!(
+                                "{status} {}",
+                                r.text().await.unwrap_or_default()
+                            ))
                         }
-                        Err(e) => Some(e.to_string()),
+                        Err(e) => Outcome::Error(e.to_string()),
                     };
                     out.push((
                         if is_add { "add" } else { "search" },
@@ -124,28 +140,44 @@ fn main() -> anyhow::Result<()> {
                         failure,
                     ));
                 }
-                out
+                (out, acknowledged)
             }));
         }
         let mut all = Vec::new();
+        let mut acknowledged = BTreeMap::new();
         for t in tasks {
-            all.extend(t.await?);
+            let (ops, acked) = t.await?;
+            all.extend(ops);
+            acknowledged.extend(acked);
         }
         let rss_loaded = rss_mib();
         let drain = Instant::now();
         let _ = stop_tx.send(());
         server.await??;
-        anyhow::Ok((all, rss_loaded, drain.elapsed()))
+        anyhow::Ok((all, acknowledged, rss_loaded, drain.elapsed()))
     });
-    let (ops, rss_after, drain) = result?;
-    let mut by: BTreeMap<&str, (Vec<f64>, usize)> = BTreeMap::new();
+    let (ops, acknowledged, rss_after, drain) = result?;
+    // Every acknowledged turn is stored.
+    let mut missing = 0u64;
+    for (session, acked) in &acknowledged {
+        let held = memory
+            .store()
+            .session(&ns, &lycheemem_core::SessionId::new(session.clone())?)?
+            .map_or(0, |s| u64::from(s.turn_count));
+        missing += acked.saturating_sub(held);
+    }
+    let mut by: BTreeMap<&str, (Vec<f64>, usize, usize)> = BTreeMap::new();
     let mut failures: BTreeMap<String, usize> = BTreeMap::new();
-    for (kind, ms, failure) in &ops {
+    for (kind, ms, outcome) in &ops {
         let e = by.entry(kind).or_default();
         e.0.push(*ms);
-        if let Some(f) = failure {
-            e.1 += 1;
-            *failures.entry(f.chars().take(160).collect()).or_default() += 1;
+        match outcome {
+            Outcome::Ok => {}
+            Outcome::Refused => e.2 += 1,
+            Outcome::Error(f) => {
+                e.1 += 1;
+                *failures.entry(f.chars().take(160).collect()).or_default() += 1;
+            }
         }
     }
     for (f, n) in &failures {
@@ -155,14 +187,14 @@ fn main() -> anyhow::Result<()> {
         "\n{records} records, {clients} clients, {seconds} s, {:.0}% adds (2 turns each); 2 cores, loopback",
         add_share * 100.0
     );
-    println!("| operation | requests | req/s | p50 ms | p99 ms | errors |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| operation | requests | req/s | p50 ms | p99 ms | refused (429) | errors |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let mut total_errors = 0;
-    for (kind, (mut lat, errors)) in by {
+    for (kind, (mut lat, errors, refused)) in by {
         lat.sort_by(f64::total_cmp);
         total_errors += errors;
         println!(
-            "| {kind} | {} | {:.1} | {:.1} | {:.1} | {errors} |",
+            "| {kind} | {} | {:.1} | {:.1} | {:.1} | {refused} | {errors} |",
             lat.len(),
             lat.len() as f64 / seconds as f64,
             percentile(&lat, 0.5),
@@ -170,7 +202,7 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "| reference: in-process Memory::search, sequential | {} | — | {:.1} | {:.1} | — |",
+        "| reference: in-process Memory::search, sequential | {} | — | {:.1} | {:.1} | — | — |",
         direct.len(),
         percentile(&direct, 0.5),
         percentile(&direct, 0.99)
@@ -183,5 +215,20 @@ fn main() -> anyhow::Result<()> {
         rss_after,
         drain
     );
+    println!(
+        "acknowledged turns: {}, missing after the run: {missing}",
+        acknowledged.values().sum::<u64>()
+    );
+    if total_errors > 0 || missing > 0 {
+        anyhow::bail!("{total_errors} errors, {missing} acknowledged turns missing");
+    }
     Ok(())
+}
+
+/// How one request ended.
+enum Outcome {
+    Ok,
+    /// 429: refused before anything was stored (backpressure).
+    Refused,
+    Error(String),
 }

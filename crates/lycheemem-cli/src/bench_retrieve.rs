@@ -13,6 +13,7 @@ use lycheemem_core::config::RetrievalConfig;
 use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
 use lycheemem_models::{FetchSource, ModelStore};
 use lycheemem_retrieve::{Retriever, SearchRequest};
+use lycheemem_store::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;

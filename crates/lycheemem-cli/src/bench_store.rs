@@ -11,6 +11,7 @@ use lycheemem_core::{
     FinalizeReason, MemoryType, Namespace, Record, Role, Segment, SessionId, SourceRole,
     TemporalScope, Turn,
 };
+use lycheemem_store::prelude::*;
 use lycheemem_store::{
     SegmentOutcome, SegmentWrite, SessionInfo, Store, StoreOptions, Target, VectorQuery,
 };

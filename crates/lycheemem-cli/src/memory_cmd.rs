@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use lycheemem::{Memory, QueryOptions, SearchResult};
 use lycheemem_core::{Namespace, SessionId};
+use lycheemem_store::prelude::*;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// How long shutdown waits for queued encoding, seconds (the rest resumes at next start).
     #[arg(long, default_value_t = 600)]
     drain_secs: u64,
+    /// Searches and answers running at once; more get 429 `busy` (each keeps its slot until
+    /// its LLM work has stopped, also when its client went away).
+    #[arg(long, default_value_t = 16)]
+    max_queries: usize,
 }
 
 #[derive(Args)]
@@ -112,7 +116,10 @@ pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
             queue_capacity: args.queue,
             encode_workers: args.encode_workers,
             drain_timeout: Duration::from_secs(args.drain_secs),
-            limits: Limits::default(),
+            limits: Limits {
+                max_queries_in_flight: args.max_queries,
+                ..Limits::default()
+            },
         },
     )
 }

@@ -7,7 +7,7 @@
 use lycheemem_core::config::OrganizeConfig;
 use lycheemem_core::{Error, Namespace, Result, Segment};
 use lycheemem_embed::Embedder;
-use lycheemem_store::{SegmentOutcome, SegmentWrite, Store};
+use lycheemem_store::{SegmentOutcome, SegmentWrite, StoreLookup};
 use std::collections::HashMap;
 
 use crate::encoder::{EncodeOutcome, SegmentEncoder, SegmentInput};
@@ -26,7 +26,7 @@ pub struct BuiltSegment {
 
 /// Loads the stored ρ of a session (empty when none was stored yet).
 pub fn load_reference(
-    store: &Store,
+    store: &dyn StoreLookup,
     ns: &Namespace,
     segment: &Segment,
 ) -> Result<ReferenceContext> {
@@ -54,7 +54,7 @@ pub fn build_segment_write(
     encoder: &SegmentEncoder,
     embedder: &dyn Embedder,
     organize_cfg: &OrganizeConfig,
-    store: &Store,
+    store: &dyn StoreLookup,
     ns: &Namespace,
     segment: &Segment,
 ) -> Result<BuiltSegment> {
@@ -67,7 +67,7 @@ pub fn build_segment_write(
 /// be encoded concurrently; those of one session must go in order (ρ).
 pub fn encode_segment(
     encoder: &SegmentEncoder,
-    store: &Store,
+    store: &dyn StoreLookup,
     ns: &Namespace,
     segment: &Segment,
 ) -> Result<EncodedSegment> {
@@ -129,7 +129,7 @@ pub fn organize_segment(
     encoded: EncodedSegment,
     embedder: &dyn Embedder,
     organize_cfg: &OrganizeConfig,
-    store: &Store,
+    store: &dyn StoreLookup,
     ns: &Namespace,
 ) -> Result<BuiltSegment> {
     let EncodedSegment {

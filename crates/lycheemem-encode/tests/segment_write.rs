@@ -5,6 +5,7 @@
 use lycheemem_core::config::{EncodeConfig, OrganizeConfig};
 use lycheemem_core::{FinalizeReason, Namespace, Purpose, Role, Segment, SessionId, Turn};
 use lycheemem_encode::{REFERENCE_STATE, SegmentEncoder, build_segment_write};
+use lycheemem_store::prelude::*;
 use lycheemem_store::{SegmentOutcome, SessionInfo, Store, StoreOptions};
 use lycheemem_testkit::{HashEmbedder, ScriptedLlm};
 use std::sync::Arc;

@@ -28,7 +28,7 @@ use lycheemem_core::{
 };
 use lycheemem_embed::{Embedder, Reranker};
 use lycheemem_llm::Llm;
-use lycheemem_store::Store;
+use lycheemem_store::RetrievalStore;
 use serde::{Deserialize, Serialize};
 
 pub use answer::{AnswerText, answer, answer_messages};
@@ -252,7 +252,7 @@ pub struct SearchRequest<'a> {
 
 /// The components retrieval runs on; backends are chosen by the caller's config.
 pub struct Retriever<'a> {
-    pub store: &'a Store,
+    pub store: &'a dyn RetrievalStore,
     pub embedder: &'a dyn Embedder,
     pub reranker: Option<&'a dyn Reranker>,
     /// The planning LLM; `None` (or `cfg.planner == false`) uses the single-route plan.

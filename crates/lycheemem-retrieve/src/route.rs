@@ -27,7 +27,7 @@ use lycheemem_core::{
     SessionId, SourceRole, TemporalFilter, TurnRef,
 };
 use lycheemem_embed::Reranker;
-use lycheemem_store::{ItemRef, Store, Target, VectorQuery};
+use lycheemem_store::{ItemRef, RetrievalStore, Target, VectorQuery};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::candidate::{Scored, r_of};
@@ -38,7 +38,7 @@ const LARGE_NODE: usize = 256;
 
 /// Everything a route needs besides the route itself.
 pub struct RouteContext<'a> {
-    pub store: &'a Store,
+    pub store: &'a dyn RetrievalStore,
     pub ns: &'a Namespace,
     pub reranker: Option<&'a dyn Reranker>,
     pub cfg: &'a RetrievalConfig,

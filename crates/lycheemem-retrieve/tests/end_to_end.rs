@@ -8,6 +8,7 @@ use lycheemem_core::{
 use lycheemem_embed::Embedder;
 use lycheemem_encode::{SegmentEncoder, build_segment_write};
 use lycheemem_retrieve::{Retriever, SearchRequest, SearchResult, answer};
+use lycheemem_store::prelude::*;
 use lycheemem_store::{SessionInfo, Store, StoreOptions};
 use lycheemem_testkit::{ScriptedLlm, minilm};
 use std::sync::{Arc, OnceLock};

@@ -21,6 +21,7 @@
 //!
 //! ```
 //! use lycheemem_core::{Namespace, Role, SessionId, Turn};
+//! use lycheemem_store::prelude::*;
 //! use lycheemem_store::{SessionInfo, Store, StoreOptions, Target, VectorQuery};
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -43,6 +44,7 @@
 //! assert_eq!(hits[0].item.to_string(), "turn:s1#0");
 //! ```
 
+mod backend;
 mod fulltext;
 mod keys;
 mod store;
@@ -51,7 +53,17 @@ mod transfer;
 mod types;
 mod vectors;
 
+pub use backend::{
+    MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLookup, StoreSearch, StoreWrite,
+};
 pub use store::Store;
+
+/// The store traits, for calling a backend's methods: `use lycheemem_store::prelude::*;`.
+pub mod prelude {
+    pub use crate::backend::{
+        MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLookup, StoreSearch, StoreWrite,
+    };
+}
 pub use transfer::{EmbedFn, ExportOptions, ImportReceipt};
 pub use types::{
     DeleteReceipt, Hit, ItemRef, NamespaceStats, SegmentOutcome, SegmentRow, SegmentWrite,

@@ -11,6 +11,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
+use crate::backend::{StoreAdmin, StoreCatalog, StoreLookup, StoreSearch, StoreWrite};
 use crate::fulltext::{FullText, TextDoc};
 use crate::keys;
 use crate::tables::*;
@@ -1055,14 +1056,6 @@ impl Store {
         Ok((value, WriteReceipt { seq }))
     }
 
-    /// Persists both derived indexes and trims the change log they no longer need.
-    pub fn checkpoint(&self) -> Result<()> {
-        let _w = self.write.lock().unwrap_or_else(lock_poisoned);
-        let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
-        let mut text = self.text.write().unwrap_or_else(lock_poisoned);
-        self.checkpoint_locked(&mut vectors, &mut text)
-    }
-
     fn checkpoint_locked(&self, vectors: &mut VectorIndexes, text: &mut FullText) -> Result<()> {
         vectors.save(&self.store_id)?;
         text.commit(&self.store_id)?;
@@ -1103,181 +1096,10 @@ impl Store {
 
     // ----- writes -------------------------------------------------------------------------
 
-    /// Creates or updates a session's date and metadata (its turn count is kept).
-    pub fn put_session(&self, ns: &Namespace, info: SessionInfo) -> Result<WriteReceipt> {
-        self.write(|w| {
-            let turn_count = w.session(ns, &info.id)?.map_or(0, |s| s.turn_count);
-            w.put_session(ns, &SessionInfo { turn_count, ..info })
-        })
-        .map(|(_, r)| r)
-    }
-
-    /// Appends raw turns (with their vectors, or `None` to embed later) in one durable
-    /// transaction. Each turn's index must be its session's next index; re-sending an identical
-    /// stored turn is a no-op, so a client may retry after a crash. Unknown sessions are created
-    /// without a date.
-    pub fn add_turns(
-        &self,
-        ns: &Namespace,
-        turns: Vec<(Turn, Option<Vec<f32>>)>,
-    ) -> Result<WriteReceipt> {
-        self.write(|w| {
-            for (turn, vector) in turns {
-                w.add_turn(ns, turn, vector.as_deref())?;
-            }
-            Ok(())
-        })
-        .map(|(_, r)| r)
-    }
-
-    /// Stores one finalized segment — its row, records, node states, session state and usage —
-    /// in a single transaction.
-    pub fn commit_segment(&self, ns: &Namespace, write: SegmentWrite) -> Result<WriteReceipt> {
-        self.write(|w| w.commit_segment(ns, write)).map(|(_, r)| r)
-    }
-
-    /// Stores a named per-session state value (e.g. `segmenter`, `reference_context`).
-    pub fn put_state(
-        &self,
-        ns: &Namespace,
-        session: &SessionId,
-        name: &str,
-        value: &serde_json::Value,
-    ) -> Result<WriteReceipt> {
-        self.write(|w| w.put_state(ns, session, name, value))
-            .map(|(_, r)| r)
-    }
-
-    /// Appends entries to the namespace's usage log.
-    pub fn log_usage(&self, ns: &Namespace, usage: &[TokenUsage]) -> Result<WriteReceipt> {
-        self.write(|w| usage.iter().try_for_each(|u| w.log_usage(ns, u)))
-            .map(|(_, r)| r)
-    }
-
-    /// Sets the vectors of existing items (e.g. after embedding [`Store::pending_vectors`]);
-    /// returns how many items were found.
-    pub fn set_vectors(&self, ns: &Namespace, items: &[(ItemRef, Vec<f32>)]) -> Result<usize> {
-        self.write(|w| {
-            let mut found = 0;
-            for (item, v) in items {
-                if w.set_item_vector(ns, item, v)? {
-                    found += 1;
-                }
-            }
-            Ok(found)
-        })
-        .map(|(n, _)| n)
-    }
-
-    /// Deletes a record; see [`DeleteReceipt`] for the cascade.
-    pub fn delete_record(&self, ns: &Namespace, record_id: &str) -> Result<DeleteReceipt> {
-        self.write(|w| w.delete_record(ns, record_id))
-            .map(|(r, _)| r)
-    }
-
-    /// Deletes a session with its turns, segments, records (cascading to nodes) and state.
-    pub fn delete_session(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
-        self.write(|w| w.delete_session(ns, session))
-            .map(|(r, _)| r)
-    }
-
-    /// Deletes a session's records, segments and state but keeps the session and its raw turns
-    /// (for re-deriving them with other models or prompts).
-    pub fn clear_session_derived(
-        &self,
-        ns: &Namespace,
-        session: &SessionId,
-    ) -> Result<DeleteReceipt> {
-        self.write(|w| w.clear_session_derived(ns, session))
-            .map(|(r, _)| r)
-    }
-
-    /// Deletes everything in a namespace, including its usage log.
-    pub fn delete_namespace(&self, ns: &Namespace) -> Result<DeleteReceipt> {
-        self.write(|w| w.delete_namespace(ns)).map(|(r, _)| r)
-    }
-
     // ----- reads --------------------------------------------------------------------------
 
     fn read(&self) -> Result<redb::ReadTransaction> {
         self.db.begin_read().map_err(db_err)
-    }
-
-    /// Every namespace with at least one session.
-    pub fn namespaces(&self) -> Result<Vec<Namespace>> {
-        let txn = self.read()?;
-        let table = txn.open_table(SESSIONS).map_err(db_err)?;
-        let mut out: Vec<Namespace> = Vec::new();
-        for entry in table.iter().map_err(db_err)? {
-            let (k, _) = entry.map_err(db_err)?;
-            if let Some(ns) = key_namespace(k.value())
-                && out.last().is_none_or(|l| l.as_str() != ns)
-            {
-                out.push(Namespace::new(ns)?);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Whether the namespace holds any session (one key lookup, no decoding).
-    pub fn has_namespace(&self, ns: &Namespace) -> Result<bool> {
-        let txn = self.read()?;
-        let t = txn.open_table(SESSIONS).map_err(db_err)?;
-        let start = keys::ns(ns);
-        let end = keys::prefix_end(&start);
-        let mut range = t.range(start.as_slice()..end.as_slice()).map_err(db_err)?;
-        Ok(range.next().transpose().map_err(db_err)?.is_some())
-    }
-
-    pub fn session(&self, ns: &Namespace, id: &SessionId) -> Result<Option<SessionInfo>> {
-        let txn = self.read()?;
-        let t = txn.open_table(SESSIONS).map_err(db_err)?;
-        get_json(&t, &keys::ns_str(ns, id.as_str()), "session")
-    }
-
-    /// The namespace's sessions in id order.
-    pub fn sessions(&self, ns: &Namespace) -> Result<Vec<SessionInfo>> {
-        let txn = self.read()?;
-        let t = txn.open_table(SESSIONS).map_err(db_err)?;
-        scan_prefix(&t, &keys::ns(ns))?
-            .iter()
-            .map(|(_, v)| from_json(v, "session"))
-            .collect()
-    }
-
-    /// Turns `first..=last` of a session (clamped to what exists).
-    pub fn turn_range(
-        &self,
-        ns: &Namespace,
-        session: &SessionId,
-        first: u32,
-        last: u32,
-    ) -> Result<Vec<Turn>> {
-        let txn = self.read()?;
-        let t = txn.open_table(TURNS).map_err(db_err)?;
-        let start = keys::session_index(ns, session, first);
-        let end = keys::session_index(ns, session, last);
-        let mut out = Vec::new();
-        for entry in t.range(start.as_slice()..=end.as_slice()).map_err(db_err)? {
-            let (_, v) = entry.map_err(db_err)?;
-            out.push(from_json::<TurnRow>(v.value(), "turn")?.turn);
-        }
-        Ok(out)
-    }
-
-    /// All turns of a session in order.
-    pub fn turns(&self, ns: &Namespace, session: &SessionId) -> Result<Vec<Turn>> {
-        self.turn_range(ns, session, 0, u32::MAX)
-    }
-
-    /// The turns within `radius` of `index` in its session: `(session, index ± radius)`.
-    pub fn turn_window(&self, ns: &Namespace, at: &TurnRef, radius: u32) -> Result<Vec<Turn>> {
-        self.turn_range(
-            ns,
-            &at.session,
-            at.index.saturating_sub(radius),
-            at.index.saturating_add(radius),
-        )
     }
 
     /// Rows of a `ns \0 id` table: those of `ids` that exist, in the order asked, or (with
@@ -1301,283 +1123,6 @@ impl Store {
                 .map(|(_, v)| from_json(v, what))
                 .collect(),
         }
-    }
-
-    /// The records with these ids that exist, in the order asked.
-    pub fn records(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<Record>> {
-        let rows: Vec<RecordRow> = self.rows(RECORDS, ns, Some(ids), "record")?;
-        Ok(rows.into_iter().map(|r| r.record).collect())
-    }
-
-    /// Every record of the namespace in id order.
-    pub fn all_records(&self, ns: &Namespace) -> Result<Vec<Record>> {
-        let rows: Vec<RecordRow> = self.rows(RECORDS, ns, None, "record")?;
-        Ok(rows.into_iter().map(|r| r.record).collect())
-    }
-
-    /// One page of the namespace's records in id order (of one session's records with
-    /// `session`), and how many there are in all. Only the page is read and decoded; the rest
-    /// is counted by key.
-    pub fn records_page(
-        &self,
-        ns: &Namespace,
-        session: Option<&SessionId>,
-        offset: usize,
-        limit: usize,
-    ) -> Result<(usize, Vec<Record>)> {
-        let txn = self.read()?;
-        let records = txn.open_table(RECORDS).map_err(db_err)?;
-        let mut total = 0usize;
-        let mut page = Vec::new();
-        match session {
-            None => {
-                let prefix = keys::ns(ns);
-                let end = keys::prefix_end(&prefix);
-                for entry in records
-                    .range(prefix.as_slice()..end.as_slice())
-                    .map_err(db_err)?
-                {
-                    let (_, v) = entry.map_err(db_err)?;
-                    if total >= offset && page.len() < limit {
-                        page.push(from_json::<RecordRow>(v.value(), "record")?.record);
-                    }
-                    total += 1;
-                }
-            }
-            Some(session) => {
-                let links = txn.open_table(SESSION_RECORDS).map_err(db_err)?;
-                let prefix = keys::session(ns, session);
-                let end = keys::prefix_end(&prefix);
-                for entry in links
-                    .range(prefix.as_slice()..end.as_slice())
-                    .map_err(db_err)?
-                {
-                    let (k, _) = entry.map_err(db_err)?;
-                    if total >= offset && page.len() < limit {
-                        let rid = String::from_utf8_lossy(keys::suffix(k.value(), &prefix));
-                        if let Some(row) =
-                            get_json::<RecordRow>(&records, &keys::ns_str(ns, &rid), "record")?
-                        {
-                            page.push(row.record);
-                        }
-                    }
-                    total += 1;
-                }
-            }
-        }
-        Ok((total, page))
-    }
-
-    /// The nodes with these ids that exist, in the order asked.
-    pub fn nodes(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<EvidenceNode>> {
-        let rows: Vec<NodeRow> = self.rows(NODES, ns, Some(ids), "node")?;
-        Ok(rows.into_iter().map(|r| r.node).collect())
-    }
-
-    /// Every node of the namespace in id order.
-    pub fn all_nodes(&self, ns: &Namespace) -> Result<Vec<EvidenceNode>> {
-        let rows: Vec<NodeRow> = self.rows(NODES, ns, None, "node")?;
-        Ok(rows.into_iter().map(|r| r.node).collect())
-    }
-
-    /// Temporal nodes whose key overlaps `[since, until]`: `day:` keys inside the range and
-    /// `month:` keys of every month it touches. Bounds are ISO dates (`YYYY-MM-DD` or `YYYY-MM`,
-    /// a month meaning its first day for `since` and its last day for `until`).
-    pub fn temporal_nodes(
-        &self,
-        ns: &Namespace,
-        since: &str,
-        until: &str,
-    ) -> Result<Vec<EvidenceNode>> {
-        let parse = |s: &str| {
-            parse_date(s)
-                .map(|d| d.date)
-                .ok_or_else(|| Error::InvalidInput(format!("unparseable date bound {s:?}")))
-        };
-        let (since, until) = (parse(since)?.first_day(), parse(until)?.last_day());
-        if since > until {
-            return Ok(Vec::new());
-        }
-        let txn = self.read()?;
-        let t = txn.open_table(NODES).map_err(db_err)?;
-        let day = |d: chrono::NaiveDate| NodeKind::Temporal.node_id(&format!("day:{d}"));
-        let month = |d: chrono::NaiveDate| {
-            NodeKind::Temporal.node_id(&format!("month:{}", d.format("%Y-%m")))
-        };
-        let mut out = Vec::new();
-        for (lo, hi) in [(day(since), day(until)), (month(since), month(until))] {
-            let lo = keys::ns_str(ns, &lo);
-            let hi = keys::ns_str(ns, &hi);
-            for entry in t.range(lo.as_slice()..=hi.as_slice()).map_err(db_err)? {
-                let (_, v) = entry.map_err(db_err)?;
-                out.push(from_json::<NodeRow>(v.value(), "node")?.node);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The segments of a session in turn order.
-    pub fn segments(&self, ns: &Namespace, session: &SessionId) -> Result<Vec<SegmentRow>> {
-        let txn = self.read()?;
-        let t = txn.open_table(SEGMENTS).map_err(db_err)?;
-        scan_prefix(&t, &keys::session(ns, session))?
-            .iter()
-            .map(|(_, v)| from_json(v, "segment"))
-            .collect()
-    }
-
-    pub fn state(
-        &self,
-        ns: &Namespace,
-        session: &SessionId,
-        name: &str,
-    ) -> Result<Option<serde_json::Value>> {
-        let txn = self.read()?;
-        let t = txn.open_table(STATE).map_err(db_err)?;
-        get_json(&t, &keys::session_str(ns, session, name), "state")
-    }
-
-    /// Every usage entry of the namespace in the order logged.
-    pub fn usage_log(&self, ns: &Namespace) -> Result<Vec<TokenUsage>> {
-        let txn = self.read()?;
-        let t = txn.open_table(USAGE).map_err(db_err)?;
-        scan_prefix(&t, &keys::ns(ns))?
-            .iter()
-            .map(|(_, v)| from_json(v, "usage"))
-            .collect()
-    }
-
-    /// Items whose vector is missing or stale, with the text to embed, at most `limit`.
-    pub fn pending_vectors(&self, ns: &Namespace, limit: usize) -> Result<Vec<(ItemRef, String)>> {
-        let txn = self.read()?;
-        let pending = txn.open_table(PENDING).map_err(db_err)?;
-        let prefix = keys::ns(ns);
-        let mut out = Vec::new();
-        for k in scan_keys(&pending, &prefix)?.into_iter().take(limit) {
-            let rest = keys::suffix(&k, &prefix);
-            let target = Target::ALL[usize::from(rest[0]).min(Target::ALL.len() - 1)];
-            let id = String::from_utf8_lossy(&rest[1..]).into_owned();
-            let item = ItemRef::from_id(target, &id)?;
-            let text = match &item {
-                ItemRef::Record(id) => self
-                    .records(ns, std::slice::from_ref(id))?
-                    .pop()
-                    .map(|r| r.normalized_text),
-                ItemRef::Node(id) => self
-                    .nodes(ns, std::slice::from_ref(id))?
-                    .pop()
-                    .map(|n| n.search_text),
-                ItemRef::Turn(t) => self
-                    .turn_range(ns, &t.session, t.index, t.index)?
-                    .pop()
-                    .map(|t| turn_text(&t)),
-            };
-            if let Some(text) = text {
-                out.push((item, text));
-            }
-        }
-        Ok(out)
-    }
-
-    /// Stored vectors of items (`None` where an item or its vector is missing).
-    pub fn vectors(&self, ns: &Namespace, items: &[ItemRef]) -> Result<Vec<Option<Vec<f32>>>> {
-        let txn = self.read()?;
-        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
-        let vectors = txn.open_table(VECTORS).map_err(db_err)?;
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            let id = item.id();
-            let target = item_target(item);
-            let key = id_keys
-                .get(keys::pending(ns, target, &id).as_slice())
-                .map_err(db_err)?
-                .map(|k| k.value());
-            out.push(match key {
-                Some(key) => vectors
-                    .get(keys::vector(ns, target, key).as_slice())
-                    .map_err(db_err)?
-                    .map(|v| vector_from_bytes(v.value())),
-                None => None,
-            });
-        }
-        Ok(out)
-    }
-
-    /// Vectors for similarity scoring: the in-memory indexed vector (unit length, at the
-    /// index's precision) where there is one, else the stored vector. Same cosine as
-    /// [`Store::vectors`] without reading vector rows from the database.
-    pub fn scoring_vectors(
-        &self,
-        ns: &Namespace,
-        items: &[ItemRef],
-    ) -> Result<Vec<Option<Vec<f32>>>> {
-        let txn = self.read()?;
-        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
-        let mut keyed = Vec::with_capacity(items.len());
-        for item in items {
-            let target = item_target(item);
-            let key = id_keys
-                .get(keys::pending(ns, target, &item.id()).as_slice())
-                .map_err(db_err)?
-                .map(|k| k.value());
-            keyed.push((target, key));
-        }
-        let indexed: Vec<Option<Vec<f32>>> = {
-            let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
-            keyed
-                .iter()
-                .map(|(target, key)| {
-                    let key = (*key)?;
-                    vectors.get_many(ns.as_str(), *target, &[key]).pop()?
-                })
-                .collect()
-        };
-        let table = txn.open_table(VECTORS).map_err(db_err)?;
-        let mut out = Vec::with_capacity(items.len());
-        for ((target, key), found) in keyed.into_iter().zip(indexed) {
-            out.push(match (found, key) {
-                (Some(v), _) => Some(v),
-                (None, Some(key)) => stored_vector(&table, ns, target, key)?,
-                (None, None) => None,
-            });
-        }
-        Ok(out)
-    }
-
-    /// Nearest neighbours among the given items of one target (e.g. the records of a node):
-    /// exact when the list is small, otherwise a filtered HNSW search with the exact fallback.
-    pub fn vector_search_within(
-        &self,
-        ns: &Namespace,
-        target: Target,
-        vector: &[f32],
-        k: usize,
-        ids: &[String],
-    ) -> Result<Vec<Hit>> {
-        let txn = self.read()?;
-        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
-        let mut allowed = HashSet::with_capacity(ids.len());
-        let mut by_key = HashMap::with_capacity(ids.len());
-        for id in ids {
-            if let Some(k) = id_keys
-                .get(keys::pending(ns, target, id).as_slice())
-                .map_err(db_err)?
-            {
-                allowed.insert(k.value());
-                by_key.insert(k.value(), id.as_str());
-            }
-        }
-        let hits = self.search_allowed(&txn, ns, target, vector, k, &allowed)?;
-        hits.into_iter()
-            .filter_map(|(key, score)| by_key.get(&key).map(|id| (id, score)))
-            .map(|(id, score)| {
-                Ok(Hit {
-                    item: ItemRef::from_id(target, id)?,
-                    target,
-                    score,
-                })
-            })
-            .collect()
     }
 
     /// Top-k among `allowed` keys: exact for small sets, else filtered HNSW, falling back to
@@ -1676,55 +1221,6 @@ impl Store {
         Ok(out)
     }
 
-    /// Nearest neighbours by cosine similarity among one namespace's items of one target.
-    ///
-    /// A namespace holding at most `exact_search_below` vectors of the target is searched
-    /// exactly (an HNSW graph can leave a node unreachable); a larger one goes through its HNSW
-    /// index. With a session filter the result is exact when the session is small and otherwise
-    /// falls back to an exact scan whenever the filtered HNSW search returns fewer than `k` hits
-    /// while more matching vectors exist — a filter never silently shortens the list.
-    pub fn vector_search(&self, ns: &Namespace, q: &VectorQuery) -> Result<Vec<Hit>> {
-        if q.vector.len() != self.options.dims {
-            return Err(Error::InvalidInput(format!(
-                "query vector has {} dimensions, the store holds {}",
-                q.vector.len(),
-                self.options.dims
-            )));
-        }
-        let txn = self.read()?;
-        let hits = match &q.session {
-            None => {
-                let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
-                if vectors.len(ns.as_str(), q.target) > self.options.index.exact_search_below {
-                    vectors.search(ns.as_str(), q.target, &q.vector, q.k, None)?
-                } else {
-                    drop(vectors);
-                    let all = self.target_keys(&txn, ns, q.target)?;
-                    self.exact_search(&txn, ns, q.target, &q.vector, q.k, &all)?
-                }
-            }
-            Some(session) => {
-                let allowed = self.session_keys(&txn, ns, q.target, session)?;
-                self.search_allowed(&txn, ns, q.target, &q.vector, q.k, &allowed)?
-            }
-        };
-        let key_table = txn.open_table(KEYS).map_err(db_err)?;
-        let mut out = Vec::with_capacity(hits.len());
-        for (key, score) in hits {
-            if let Some(id) = key_table
-                .get(keys::vector(ns, q.target, key).as_slice())
-                .map_err(db_err)?
-            {
-                out.push(Hit {
-                    item: ItemRef::from_id(q.target, id.value())?,
-                    target: q.target,
-                    score,
-                });
-            }
-        }
-        Ok(out)
-    }
-
     fn exact_search(
         &self,
         txn: &redb::ReadTransaction,
@@ -1758,35 +1254,6 @@ impl Store {
         Ok(scored)
     }
 
-    /// BM25 top-`k` among one namespace's items of one target, optionally within a session.
-    pub fn text_search(
-        &self,
-        ns: &Namespace,
-        target: Target,
-        query: &str,
-        k: usize,
-        session: Option<&SessionId>,
-    ) -> Result<Vec<Hit>> {
-        self.commit_text_if_dirty()?;
-        let text = self.text.read().unwrap_or_else(lock_poisoned);
-        text.search(
-            ns.as_str(),
-            target,
-            query,
-            k,
-            session.map(SessionId::as_str),
-        )?
-        .into_iter()
-        .map(|(id, score)| {
-            Ok(Hit {
-                item: ItemRef::from_id(target, &id)?,
-                target,
-                score,
-            })
-        })
-        .collect()
-    }
-
     /// Makes recent writes visible to full-text search.
     fn commit_text_if_dirty(&self) -> Result<()> {
         if !self.text.read().unwrap_or_else(lock_poisoned).is_dirty() {
@@ -1798,58 +1265,6 @@ impl Store {
             text.commit(&self.store_id)?;
         }
         Ok(())
-    }
-
-    /// Counts from redb and from both derived indexes.
-    pub fn stats(&self, ns: &Namespace) -> Result<NamespaceStats> {
-        self.commit_text_if_dirty()?;
-        let txn = self.read()?;
-        let prefix = keys::ns(ns);
-        let mut stats = NamespaceStats {
-            sessions: count_prefix(&txn.open_table(SESSIONS).map_err(db_err)?, &prefix)?,
-            turns: count_prefix(&txn.open_table(TURNS).map_err(db_err)?, &prefix)?,
-            records: count_prefix(&txn.open_table(RECORDS).map_err(db_err)?, &prefix)?,
-            pending_vectors: count_prefix(&txn.open_table(PENDING).map_err(db_err)?, &prefix)?,
-            ..NamespaceStats::default()
-        };
-        let segments = txn.open_table(SEGMENTS).map_err(db_err)?;
-        for (_, v) in scan_prefix(&segments, &prefix)? {
-            stats.segments += 1;
-            let row: SegmentRow = from_json(&v, "segment")?;
-            if matches!(row.outcome, SegmentOutcome::Failed { .. }) {
-                stats.failed_segments += 1;
-            }
-        }
-        let nodes = txn.open_table(NODES).map_err(db_err)?;
-        for kind in NodeKind::ALL {
-            let p = keys::ns_str(ns, &format!("{}:", kind.as_str()));
-            stats
-                .nodes
-                .insert(kind.as_str().to_string(), count_prefix(&nodes, &p)?);
-        }
-        let vector_table = txn.open_table(VECTORS).map_err(db_err)?;
-        let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
-        let text = self.text.read().unwrap_or_else(lock_poisoned);
-        for target in Target::ALL {
-            let mut p = keys::ns(ns);
-            p.push(target.code());
-            let name = target.as_str().to_string();
-            stats
-                .vectors
-                .insert(name.clone(), count_prefix(&vector_table, &p)?);
-            stats
-                .indexed_vectors
-                .insert(name.clone(), vectors.len(ns.as_str(), target) as u64);
-            stats
-                .text_rows
-                .insert(name, text.count(ns.as_str(), target)?);
-        }
-        let mut usage = UsageTotals::default();
-        for u in self.usage_log(ns)? {
-            usage.add(&u);
-        }
-        stats.usage = usage;
-        Ok(stats)
     }
 
     /// Total bytes of the database file and the index folders.
@@ -1934,4 +1349,559 @@ fn stored_vector(
         .get(keys::vector(ns, target, key).as_slice())
         .map_err(db_err)?
         .map(|v| vector_from_bytes(v.value())))
+}
+
+impl StoreLookup for Store {
+    fn session(&self, ns: &Namespace, id: &SessionId) -> Result<Option<SessionInfo>> {
+        let txn = self.read()?;
+        let t = txn.open_table(SESSIONS).map_err(db_err)?;
+        get_json(&t, &keys::ns_str(ns, id.as_str()), "session")
+    }
+
+    fn turn_range(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        first: u32,
+        last: u32,
+    ) -> Result<Vec<Turn>> {
+        let txn = self.read()?;
+        let t = txn.open_table(TURNS).map_err(db_err)?;
+        let start = keys::session_index(ns, session, first);
+        let end = keys::session_index(ns, session, last);
+        let mut out = Vec::new();
+        for entry in t.range(start.as_slice()..=end.as_slice()).map_err(db_err)? {
+            let (_, v) = entry.map_err(db_err)?;
+            out.push(from_json::<TurnRow>(v.value(), "turn")?.turn);
+        }
+        Ok(out)
+    }
+
+    fn records(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<Record>> {
+        let rows: Vec<RecordRow> = self.rows(RECORDS, ns, Some(ids), "record")?;
+        Ok(rows.into_iter().map(|r| r.record).collect())
+    }
+
+    fn nodes(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<EvidenceNode>> {
+        let rows: Vec<NodeRow> = self.rows(NODES, ns, Some(ids), "node")?;
+        Ok(rows.into_iter().map(|r| r.node).collect())
+    }
+
+    fn state(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>> {
+        let txn = self.read()?;
+        let t = txn.open_table(STATE).map_err(db_err)?;
+        get_json(&t, &keys::session_str(ns, session, name), "state")
+    }
+}
+
+impl StoreSearch for Store {
+    fn vector_search(&self, ns: &Namespace, q: &VectorQuery) -> Result<Vec<Hit>> {
+        if q.vector.len() != self.options.dims {
+            return Err(Error::InvalidInput(format!(
+                "query vector has {} dimensions, the store holds {}",
+                q.vector.len(),
+                self.options.dims
+            )));
+        }
+        let txn = self.read()?;
+        let hits = match &q.session {
+            None => {
+                let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
+                if vectors.len(ns.as_str(), q.target) > self.options.index.exact_search_below {
+                    vectors.search(ns.as_str(), q.target, &q.vector, q.k, None)?
+                } else {
+                    drop(vectors);
+                    let all = self.target_keys(&txn, ns, q.target)?;
+                    self.exact_search(&txn, ns, q.target, &q.vector, q.k, &all)?
+                }
+            }
+            Some(session) => {
+                let allowed = self.session_keys(&txn, ns, q.target, session)?;
+                self.search_allowed(&txn, ns, q.target, &q.vector, q.k, &allowed)?
+            }
+        };
+        let key_table = txn.open_table(KEYS).map_err(db_err)?;
+        let mut out = Vec::with_capacity(hits.len());
+        for (key, score) in hits {
+            if let Some(id) = key_table
+                .get(keys::vector(ns, q.target, key).as_slice())
+                .map_err(db_err)?
+            {
+                out.push(Hit {
+                    item: ItemRef::from_id(q.target, id.value())?,
+                    target: q.target,
+                    score,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn vector_search_within(
+        &self,
+        ns: &Namespace,
+        target: Target,
+        vector: &[f32],
+        k: usize,
+        ids: &[String],
+    ) -> Result<Vec<Hit>> {
+        let txn = self.read()?;
+        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
+        let mut allowed = HashSet::with_capacity(ids.len());
+        let mut by_key = HashMap::with_capacity(ids.len());
+        for id in ids {
+            if let Some(k) = id_keys
+                .get(keys::pending(ns, target, id).as_slice())
+                .map_err(db_err)?
+            {
+                allowed.insert(k.value());
+                by_key.insert(k.value(), id.as_str());
+            }
+        }
+        let hits = self.search_allowed(&txn, ns, target, vector, k, &allowed)?;
+        hits.into_iter()
+            .filter_map(|(key, score)| by_key.get(&key).map(|id| (id, score)))
+            .map(|(id, score)| {
+                Ok(Hit {
+                    item: ItemRef::from_id(target, id)?,
+                    target,
+                    score,
+                })
+            })
+            .collect()
+    }
+
+    fn text_search(
+        &self,
+        ns: &Namespace,
+        target: Target,
+        query: &str,
+        k: usize,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<Hit>> {
+        self.commit_text_if_dirty()?;
+        let text = self.text.read().unwrap_or_else(lock_poisoned);
+        text.search(
+            ns.as_str(),
+            target,
+            query,
+            k,
+            session.map(SessionId::as_str),
+        )?
+        .into_iter()
+        .map(|(id, score)| {
+            Ok(Hit {
+                item: ItemRef::from_id(target, &id)?,
+                target,
+                score,
+            })
+        })
+        .collect()
+    }
+
+    fn temporal_nodes(
+        &self,
+        ns: &Namespace,
+        since: &str,
+        until: &str,
+    ) -> Result<Vec<EvidenceNode>> {
+        let parse = |s: &str| {
+            parse_date(s)
+                .map(|d| d.date)
+                .ok_or_else(|| Error::InvalidInput(format!("unparseable date bound {s:?}")))
+        };
+        let (since, until) = (parse(since)?.first_day(), parse(until)?.last_day());
+        if since > until {
+            return Ok(Vec::new());
+        }
+        let txn = self.read()?;
+        let t = txn.open_table(NODES).map_err(db_err)?;
+        let day = |d: chrono::NaiveDate| NodeKind::Temporal.node_id(&format!("day:{d}"));
+        let month = |d: chrono::NaiveDate| {
+            NodeKind::Temporal.node_id(&format!("month:{}", d.format("%Y-%m")))
+        };
+        let mut out = Vec::new();
+        for (lo, hi) in [(day(since), day(until)), (month(since), month(until))] {
+            let lo = keys::ns_str(ns, &lo);
+            let hi = keys::ns_str(ns, &hi);
+            for entry in t.range(lo.as_slice()..=hi.as_slice()).map_err(db_err)? {
+                let (_, v) = entry.map_err(db_err)?;
+                out.push(from_json::<NodeRow>(v.value(), "node")?.node);
+            }
+        }
+        Ok(out)
+    }
+
+    fn scoring_vectors(&self, ns: &Namespace, items: &[ItemRef]) -> Result<Vec<Option<Vec<f32>>>> {
+        let txn = self.read()?;
+        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
+        let mut keyed = Vec::with_capacity(items.len());
+        for item in items {
+            let target = item_target(item);
+            let key = id_keys
+                .get(keys::pending(ns, target, &item.id()).as_slice())
+                .map_err(db_err)?
+                .map(|k| k.value());
+            keyed.push((target, key));
+        }
+        let indexed: Vec<Option<Vec<f32>>> = {
+            let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
+            keyed
+                .iter()
+                .map(|(target, key)| {
+                    let key = (*key)?;
+                    vectors.get_many(ns.as_str(), *target, &[key]).pop()?
+                })
+                .collect()
+        };
+        let table = txn.open_table(VECTORS).map_err(db_err)?;
+        let mut out = Vec::with_capacity(items.len());
+        for ((target, key), found) in keyed.into_iter().zip(indexed) {
+            out.push(match (found, key) {
+                (Some(v), _) => Some(v),
+                (None, Some(key)) => stored_vector(&table, ns, target, key)?,
+                (None, None) => None,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl StoreCatalog for Store {
+    fn namespaces(&self) -> Result<Vec<Namespace>> {
+        let txn = self.read()?;
+        let table = txn.open_table(SESSIONS).map_err(db_err)?;
+        let mut out: Vec<Namespace> = Vec::new();
+        for entry in table.iter().map_err(db_err)? {
+            let (k, _) = entry.map_err(db_err)?;
+            if let Some(ns) = key_namespace(k.value())
+                && out.last().is_none_or(|l| l.as_str() != ns)
+            {
+                out.push(Namespace::new(ns)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn has_namespace(&self, ns: &Namespace) -> Result<bool> {
+        let txn = self.read()?;
+        let t = txn.open_table(SESSIONS).map_err(db_err)?;
+        let start = keys::ns(ns);
+        let end = keys::prefix_end(&start);
+        let mut range = t.range(start.as_slice()..end.as_slice()).map_err(db_err)?;
+        Ok(range.next().transpose().map_err(db_err)?.is_some())
+    }
+
+    fn sessions(&self, ns: &Namespace) -> Result<Vec<SessionInfo>> {
+        let txn = self.read()?;
+        let t = txn.open_table(SESSIONS).map_err(db_err)?;
+        scan_prefix(&t, &keys::ns(ns))?
+            .iter()
+            .map(|(_, v)| from_json(v, "session"))
+            .collect()
+    }
+
+    fn turns(&self, ns: &Namespace, session: &SessionId) -> Result<Vec<Turn>> {
+        self.turn_range(ns, session, 0, u32::MAX)
+    }
+
+    fn turn_window(&self, ns: &Namespace, at: &TurnRef, radius: u32) -> Result<Vec<Turn>> {
+        self.turn_range(
+            ns,
+            &at.session,
+            at.index.saturating_sub(radius),
+            at.index.saturating_add(radius),
+        )
+    }
+
+    fn all_records(&self, ns: &Namespace) -> Result<Vec<Record>> {
+        let rows: Vec<RecordRow> = self.rows(RECORDS, ns, None, "record")?;
+        Ok(rows.into_iter().map(|r| r.record).collect())
+    }
+
+    fn records_page(
+        &self,
+        ns: &Namespace,
+        session: Option<&SessionId>,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(usize, Vec<Record>)> {
+        let txn = self.read()?;
+        let records = txn.open_table(RECORDS).map_err(db_err)?;
+        let mut total = 0usize;
+        let mut page = Vec::new();
+        match session {
+            None => {
+                let prefix = keys::ns(ns);
+                let end = keys::prefix_end(&prefix);
+                for entry in records
+                    .range(prefix.as_slice()..end.as_slice())
+                    .map_err(db_err)?
+                {
+                    let (_, v) = entry.map_err(db_err)?;
+                    if total >= offset && page.len() < limit {
+                        page.push(from_json::<RecordRow>(v.value(), "record")?.record);
+                    }
+                    total += 1;
+                }
+            }
+            Some(session) => {
+                let links = txn.open_table(SESSION_RECORDS).map_err(db_err)?;
+                let prefix = keys::session(ns, session);
+                let end = keys::prefix_end(&prefix);
+                for entry in links
+                    .range(prefix.as_slice()..end.as_slice())
+                    .map_err(db_err)?
+                {
+                    let (k, _) = entry.map_err(db_err)?;
+                    if total >= offset && page.len() < limit {
+                        let rid = String::from_utf8_lossy(keys::suffix(k.value(), &prefix));
+                        if let Some(row) =
+                            get_json::<RecordRow>(&records, &keys::ns_str(ns, &rid), "record")?
+                        {
+                            page.push(row.record);
+                        }
+                    }
+                    total += 1;
+                }
+            }
+        }
+        Ok((total, page))
+    }
+
+    fn all_nodes(&self, ns: &Namespace) -> Result<Vec<EvidenceNode>> {
+        let rows: Vec<NodeRow> = self.rows(NODES, ns, None, "node")?;
+        Ok(rows.into_iter().map(|r| r.node).collect())
+    }
+
+    fn segments(&self, ns: &Namespace, session: &SessionId) -> Result<Vec<SegmentRow>> {
+        let txn = self.read()?;
+        let t = txn.open_table(SEGMENTS).map_err(db_err)?;
+        scan_prefix(&t, &keys::session(ns, session))?
+            .iter()
+            .map(|(_, v)| from_json(v, "segment"))
+            .collect()
+    }
+
+    fn usage_log(&self, ns: &Namespace) -> Result<Vec<TokenUsage>> {
+        let txn = self.read()?;
+        let t = txn.open_table(USAGE).map_err(db_err)?;
+        scan_prefix(&t, &keys::ns(ns))?
+            .iter()
+            .map(|(_, v)| from_json(v, "usage"))
+            .collect()
+    }
+
+    fn stats(&self, ns: &Namespace) -> Result<NamespaceStats> {
+        self.commit_text_if_dirty()?;
+        let txn = self.read()?;
+        let prefix = keys::ns(ns);
+        let mut stats = NamespaceStats {
+            sessions: count_prefix(&txn.open_table(SESSIONS).map_err(db_err)?, &prefix)?,
+            turns: count_prefix(&txn.open_table(TURNS).map_err(db_err)?, &prefix)?,
+            records: count_prefix(&txn.open_table(RECORDS).map_err(db_err)?, &prefix)?,
+            pending_vectors: count_prefix(&txn.open_table(PENDING).map_err(db_err)?, &prefix)?,
+            ..NamespaceStats::default()
+        };
+        let segments = txn.open_table(SEGMENTS).map_err(db_err)?;
+        for (_, v) in scan_prefix(&segments, &prefix)? {
+            stats.segments += 1;
+            let row: SegmentRow = from_json(&v, "segment")?;
+            if matches!(row.outcome, SegmentOutcome::Failed { .. }) {
+                stats.failed_segments += 1;
+            }
+        }
+        let nodes = txn.open_table(NODES).map_err(db_err)?;
+        for kind in NodeKind::ALL {
+            let p = keys::ns_str(ns, &format!("{}:", kind.as_str()));
+            stats
+                .nodes
+                .insert(kind.as_str().to_string(), count_prefix(&nodes, &p)?);
+        }
+        let vector_table = txn.open_table(VECTORS).map_err(db_err)?;
+        let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
+        let text = self.text.read().unwrap_or_else(lock_poisoned);
+        for target in Target::ALL {
+            let mut p = keys::ns(ns);
+            p.push(target.code());
+            let name = target.as_str().to_string();
+            stats
+                .vectors
+                .insert(name.clone(), count_prefix(&vector_table, &p)?);
+            stats
+                .indexed_vectors
+                .insert(name.clone(), vectors.len(ns.as_str(), target) as u64);
+            stats
+                .text_rows
+                .insert(name, text.count(ns.as_str(), target)?);
+        }
+        let mut usage = UsageTotals::default();
+        for u in self.usage_log(ns)? {
+            usage.add(&u);
+        }
+        stats.usage = usage;
+        Ok(stats)
+    }
+
+    fn vectors(&self, ns: &Namespace, items: &[ItemRef]) -> Result<Vec<Option<Vec<f32>>>> {
+        let txn = self.read()?;
+        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
+        let vectors = txn.open_table(VECTORS).map_err(db_err)?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let id = item.id();
+            let target = item_target(item);
+            let key = id_keys
+                .get(keys::pending(ns, target, &id).as_slice())
+                .map_err(db_err)?
+                .map(|k| k.value());
+            out.push(match key {
+                Some(key) => vectors
+                    .get(keys::vector(ns, target, key).as_slice())
+                    .map_err(db_err)?
+                    .map(|v| vector_from_bytes(v.value())),
+                None => None,
+            });
+        }
+        Ok(out)
+    }
+
+    fn pending_vectors(&self, ns: &Namespace, limit: usize) -> Result<Vec<(ItemRef, String)>> {
+        let txn = self.read()?;
+        let pending = txn.open_table(PENDING).map_err(db_err)?;
+        let prefix = keys::ns(ns);
+        let mut out = Vec::new();
+        for k in scan_keys(&pending, &prefix)?.into_iter().take(limit) {
+            let rest = keys::suffix(&k, &prefix);
+            let target = Target::ALL[usize::from(rest[0]).min(Target::ALL.len() - 1)];
+            let id = String::from_utf8_lossy(&rest[1..]).into_owned();
+            let item = ItemRef::from_id(target, &id)?;
+            let text = match &item {
+                ItemRef::Record(id) => self
+                    .records(ns, std::slice::from_ref(id))?
+                    .pop()
+                    .map(|r| r.normalized_text),
+                ItemRef::Node(id) => self
+                    .nodes(ns, std::slice::from_ref(id))?
+                    .pop()
+                    .map(|n| n.search_text),
+                ItemRef::Turn(t) => self
+                    .turn_range(ns, &t.session, t.index, t.index)?
+                    .pop()
+                    .map(|t| turn_text(&t)),
+            };
+            if let Some(text) = text {
+                out.push((item, text));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl StoreWrite for Store {
+    fn put_session(&self, ns: &Namespace, info: SessionInfo) -> Result<WriteReceipt> {
+        self.write(|w| {
+            let turn_count = w.session(ns, &info.id)?.map_or(0, |s| s.turn_count);
+            w.put_session(ns, &SessionInfo { turn_count, ..info })
+        })
+        .map(|(_, r)| r)
+    }
+
+    fn add_turns(
+        &self,
+        ns: &Namespace,
+        turns: Vec<(Turn, Option<Vec<f32>>)>,
+    ) -> Result<WriteReceipt> {
+        self.write(|w| {
+            for (turn, vector) in turns {
+                w.add_turn(ns, turn, vector.as_deref())?;
+            }
+            Ok(())
+        })
+        .map(|(_, r)| r)
+    }
+
+    fn commit_segment(&self, ns: &Namespace, write: SegmentWrite) -> Result<WriteReceipt> {
+        self.write(|w| w.commit_segment(ns, write)).map(|(_, r)| r)
+    }
+
+    fn put_state(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<WriteReceipt> {
+        self.write(|w| w.put_state(ns, session, name, value))
+            .map(|(_, r)| r)
+    }
+
+    fn log_usage(&self, ns: &Namespace, usage: &[TokenUsage]) -> Result<WriteReceipt> {
+        self.write(|w| usage.iter().try_for_each(|u| w.log_usage(ns, u)))
+            .map(|(_, r)| r)
+    }
+
+    fn set_vectors(&self, ns: &Namespace, items: &[(ItemRef, Vec<f32>)]) -> Result<usize> {
+        self.write(|w| {
+            let mut found = 0;
+            for (item, v) in items {
+                if w.set_item_vector(ns, item, v)? {
+                    found += 1;
+                }
+            }
+            Ok(found)
+        })
+        .map(|(n, _)| n)
+    }
+}
+
+impl StoreAdmin for Store {
+    fn export(
+        &self,
+        ns: &Namespace,
+        out: &mut dyn std::io::Write,
+        opts: crate::transfer::ExportOptions,
+    ) -> Result<u64> {
+        self.export_lines(ns, out, opts)
+    }
+
+    fn import(
+        &self,
+        ns: &Namespace,
+        input: &mut dyn std::io::BufRead,
+        embed: Option<&crate::transfer::EmbedFn>,
+    ) -> Result<crate::transfer::ImportReceipt> {
+        self.import_lines(ns, input, embed)
+    }
+
+    fn delete_record(&self, ns: &Namespace, record_id: &str) -> Result<DeleteReceipt> {
+        self.write(|w| w.delete_record(ns, record_id))
+            .map(|(r, _)| r)
+    }
+
+    fn delete_session(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
+        self.write(|w| w.delete_session(ns, session))
+            .map(|(r, _)| r)
+    }
+
+    fn clear_session_derived(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
+        self.write(|w| w.clear_session_derived(ns, session))
+            .map(|(r, _)| r)
+    }
+
+    fn delete_namespace(&self, ns: &Namespace) -> Result<DeleteReceipt> {
+        self.write(|w| w.delete_namespace(ns)).map(|(r, _)| r)
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        let _w = self.write.lock().unwrap_or_else(lock_poisoned);
+        let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
+        let mut text = self.text.write().unwrap_or_else(lock_poisoned);
+        self.checkpoint_locked(&mut vectors, &mut text)
+    }
 }

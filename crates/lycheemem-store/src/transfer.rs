@@ -15,6 +15,7 @@ use lycheemem_core::{Error, EvidenceNode, Namespace, Record, Result, SessionId, 
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 
+use crate::backend::StoreCatalog;
 use crate::keys;
 use crate::store::Store;
 use crate::tables::*;
@@ -249,9 +250,16 @@ fn write_line(out: &mut dyn Write, line: &Line) -> Result<()> {
     writeln!(out, "{json}").map_err(|e| Error::Store(format!("export write failed: {e}")))
 }
 
+impl Store {}
+
+/// The bodies of [`StoreAdmin::export`] and [`StoreAdmin::import`] for the redb store.
 impl Store {
-    /// Writes namespace `ns` as JSON Lines from one consistent snapshot; returns lines written.
-    pub fn export(&self, ns: &Namespace, out: &mut dyn Write, opts: ExportOptions) -> Result<u64> {
+    pub(crate) fn export_lines(
+        &self,
+        ns: &Namespace,
+        out: &mut dyn Write,
+        opts: ExportOptions,
+    ) -> Result<u64> {
         let txn = self.read_txn()?;
         let prefix = keys::ns(ns);
         let vectors = txn.open_table(VECTORS).map_err(db_err)?;
@@ -327,9 +335,7 @@ impl Store {
         Ok(n + 1)
     }
 
-    /// Imports an export into namespace `ns`, which must be empty. `embed` computes vectors the
-    /// file lacks (texts in, unit vectors out); without it such items are left pending.
-    pub fn import(
+    pub(crate) fn import_lines(
         &self,
         ns: &Namespace,
         input: &mut dyn BufRead,

@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 use lycheemem_core::{Namespace, NodeKind, TurnRef};
+use lycheemem_store::prelude::*;
 use lycheemem_store::{
     ItemRef, SegmentOutcome, SegmentWrite, Store, StoreOptions, Target, VectorQuery,
 };

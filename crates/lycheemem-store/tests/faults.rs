@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use lycheemem_store::prelude::*;
 use lycheemem_store::{ItemRef, Store, StoreOptions, Target, VectorQuery};
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use lycheemem_core::{NodeKind, Purpose, TokenUsage, TurnRef};
+use lycheemem_store::prelude::*;
 use lycheemem_store::{
     ExportOptions, ItemRef, SegmentOutcome, SegmentWrite, SessionInfo, Store, StoreOptions, Target,
     VectorQuery,

@@ -38,3 +38,10 @@ pub use memory::{
 pub use lycheemem_core as core;
 pub use lycheemem_retrieve::{EvidenceItem, SearchResult};
 pub use lycheemem_store::{DeleteReceipt, ImportReceipt, NamespaceStats};
+
+/// The storage traits [`Memory::store`] answers through, and the types they return: what a
+/// caller needs to read a memory's sessions, segments and records directly.
+pub mod store {
+    pub use lycheemem_store::prelude::*;
+    pub use lycheemem_store::{SegmentOutcome, SegmentRow, SessionInfo};
+}

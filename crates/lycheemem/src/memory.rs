@@ -18,6 +18,7 @@ use lycheemem_retrieve::{EvidenceItem, Retriever, SearchRequest, SearchResult};
 use lycheemem_segment::{
     ExchangeBuilder, ExchangeInput, ExchangeMode, PendingExchange, Segmenter, SegmenterState,
 };
+use lycheemem_store::prelude::*;
 use lycheemem_store::{
     DeleteReceipt, ExportOptions, ImportReceipt, ItemRef, NamespaceStats, SessionInfo, Store,
     StoreOptions,
@@ -203,7 +204,7 @@ pub struct RederiveReport {
 
 /// Long-term memory in one directory.
 pub struct Memory {
-    store: Store,
+    store: Box<dyn MemoryStore>,
     config: Config,
     components: Components,
     encoder: SegmentEncoder,
@@ -257,6 +258,16 @@ impl Memory {
         options.index = config.store.clone();
         options.node_text_chars = config.organize.node_text_chars;
         let store = Store::open(dir, options)?;
+        Memory::with_store(Box::new(store), config, components)
+    }
+
+    /// A memory over any storage backend (see [`lycheemem_store::MemoryStore`]); its vectors
+    /// must have the embedder's dimension.
+    pub fn with_store(
+        store: Box<dyn MemoryStore>,
+        config: Config,
+        components: Components,
+    ) -> Result<Memory> {
         let encoder = SegmentEncoder::new(components.encode_llm.clone(), config.encode.clone());
         let segmenter = Segmenter::new(config.segment.clone());
         Ok(Memory {
@@ -273,8 +284,8 @@ impl Memory {
         })
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
+    pub fn store(&self) -> &dyn MemoryStore {
+        self.store.as_ref()
     }
 
     pub fn config(&self) -> &Config {
@@ -685,14 +696,14 @@ impl Memory {
     ) -> Result<IngestReceipt> {
         // The LLM call runs outside the commit lock, so other sessions' segments are encoded
         // meanwhile; the node merge and the commit are one step under it.
-        let encoded = encode_segment(&self.encoder, &self.store, ns, segment)?;
+        let encoded = encode_segment(&self.encoder, self.store.as_ref(), ns, segment)?;
         let state_value = Self::state_value(state)?;
         let _commit = self.commit.lock().unwrap_or_else(|p| p.into_inner());
         let built = organize_segment(
             encoded,
             self.components.embedder.as_ref(),
             &self.config.organize,
-            &self.store,
+            self.store.as_ref(),
             ns,
         )?;
         let mut write = built.write;
@@ -739,7 +750,7 @@ impl Memory {
     ) -> Result<SearchResult> {
         self.require_namespace(ns)?;
         let retriever = Retriever {
-            store: &self.store,
+            store: self.store.as_ref(),
             embedder: self.components.embedder.as_ref(),
             reranker: self.components.reranker.as_deref(),
             planner: Some(self.components.plan_llm.as_ref()),
@@ -809,11 +820,11 @@ impl Memory {
         &self,
         ns: &Namespace,
         what: String,
-        delete: impl FnOnce(&Store) -> Result<DeleteReceipt>,
+        delete: impl FnOnce(&dyn MemoryStore) -> Result<DeleteReceipt>,
         removed: impl Fn(&DeleteReceipt) -> u64,
     ) -> Result<DeleteReceipt> {
         let _guards = self.lock_all();
-        let r = delete(&self.store)?;
+        let r = delete(self.store.as_ref())?;
         if removed(&r) == 0 {
             return Err(Error::NotFound(format!("{what} in namespace {ns}")));
         }

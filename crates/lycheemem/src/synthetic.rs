@@ -8,6 +8,7 @@ use lycheemem_core::{
     TemporalScope, Turn,
 };
 use lycheemem_encode::organize::{merge, organize};
+use lycheemem_store::prelude::*;
 use lycheemem_store::{SegmentOutcome, SegmentWrite, SessionInfo, Store, StoreOptions};
 use std::collections::HashMap;
 use std::path::Path;
