@@ -351,3 +351,19 @@ fn metering_records_purpose_and_tokens() {
     assert_eq!(totals.tokens(Purpose::Encode), 18);
     assert_eq!(totals.by_purpose[&Purpose::Plan].calls, 1);
 }
+
+#[test]
+fn a_cancelled_call_sends_nothing() {
+    let (url, seen) = server(vec![ok("never", true)]);
+    let cancel = lycheemem_core::Cancel::new();
+    cancel.cancel();
+    let out = client(&url).complete(
+        &hello(),
+        &GenerateOptions {
+            cancel,
+            ..GenerateOptions::default()
+        },
+    );
+    assert!(matches!(out, Err(lycheemem_core::Error::Cancelled(_))), "{out:?}");
+    assert!(seen.lock().unwrap().is_empty(), "no request was sent");
+}

@@ -10,6 +10,17 @@ use std::collections::BTreeSet;
 
 pub const DIMS: usize = 8;
 
+/// The backend the conformance suite runs against: `LYCHEEMEM_TEST_BACKEND` (`redb`, the
+/// default). A new backend adds its constructor here.
+pub fn open_backend(dir: &std::path::Path) -> Box<dyn lycheemem_store::MemoryStore> {
+    match std::env::var("LYCHEEMEM_TEST_BACKEND").as_deref() {
+        Ok("redb") | Err(_) => Box::new(
+            lycheemem_store::Store::open(dir, lycheemem_store::StoreOptions::new(DIMS)).unwrap(),
+        ),
+        Ok(other) => panic!("unknown LYCHEEMEM_TEST_BACKEND {other:?} (known: redb)"),
+    }
+}
+
 pub fn ns(name: &str) -> Namespace {
     Namespace::new(name).unwrap()
 }
