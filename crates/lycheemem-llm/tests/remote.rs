@@ -364,6 +364,9 @@ fn a_cancelled_call_sends_nothing() {
             ..GenerateOptions::default()
         },
     );
-    assert!(matches!(out, Err(lycheemem_core::Error::Cancelled(_))), "{out:?}");
+    assert!(
+        matches!(out, Err(lycheemem_core::Error::Cancelled(_))),
+        "{out:?}"
+    );
     assert!(seen.lock().unwrap().is_empty(), "no request was sent");
 }
