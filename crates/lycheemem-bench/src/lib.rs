@@ -10,6 +10,7 @@
 pub mod baseline;
 pub mod construct;
 pub mod dataset;
+pub mod jsonl;
 pub mod metrics;
 pub mod replay;
 pub mod report;

@@ -135,7 +135,7 @@ impl ReplayLlm {
 
     fn append(&self, path: &Path, entry: &Entry) -> Result<()> {
         // `append_line` locks the file: threads and processes appending at once stay whole.
-        crate::run::append_line(path, entry).map_err(|e| Error::Store(format!("{e:#}")))
+        crate::jsonl::append_line(path, entry).map_err(|e| Error::Store(format!("{e:#}")))
     }
 }
 
@@ -156,16 +156,10 @@ impl Drop for FlightGuard<'_> {
     }
 }
 
-/// The entries of a log (none when it does not exist). A line cut short by a kill is skipped.
+/// The entries of a log (none when it does not exist), read by the crate's one JSON Lines
+/// policy (a torn last line is ignored; any other unreadable line is an error).
 fn read_log(path: &Path) -> Result<Vec<Entry>> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(bytes
-            .split(|b| *b == b'\n')
-            .filter_map(|line| serde_json::from_slice::<Entry>(line).ok())
-            .collect()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(Error::Store(format!("reading {}: {e}", path.display()))),
-    }
+    crate::jsonl::read_lines(path).map_err(|e| Error::Store(format!("{e:#}")))
 }
 
 impl Llm for ReplayLlm {

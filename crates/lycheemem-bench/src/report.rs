@@ -2,9 +2,8 @@
 //! per-category tables comparing variants side by side, and two SVG plots (quality vs
 //! construction tokens; per-category bars). Every report records where it came from.
 
-use crate::run::{
-    ConstructionLine, Prediction, StageScore, append_line, constructions, predictions, read_lines,
-};
+use crate::jsonl::{append_line, read_lines};
+use crate::run::{ConstructionLine, Prediction, StageScore, constructions, predictions};
 use crate::variant::VARIANTS;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};

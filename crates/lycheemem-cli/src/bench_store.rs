@@ -20,6 +20,7 @@ use rayon::prelude::*;
 use lycheemem::synthetic::{
     Rng, clustered_vectors, normalize, percentile, rss_mib, sentence, word,
 };
+use lycheemem_core::vector::dot;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -44,10 +45,6 @@ pub struct BenchStoreArgs {
     dir: Option<PathBuf>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// Exact top-k indices by dot product (vectors are unit length).

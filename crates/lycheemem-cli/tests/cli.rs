@@ -246,6 +246,31 @@ fn memory_commands_work_end_to_end() {
 }
 
 #[test]
+fn ingest_exits_non_zero_when_segments_fail_to_encode_and_keeps_the_turns() {
+    let tmp = tempfile::tempdir().unwrap();
+    // An encoder that never answers with records: every segment fails.
+    let url = lycheemem_testkit::fake_openai_server(|_, _| "I cannot do that.".to_string());
+    let file = tmp.path().join("conv.json");
+    std::fs::write(&file, CONVERSATION).unwrap();
+    let out = memory_cmd(tmp.path(), &url)
+        .args(["ingest", file.to_str().unwrap(), "-n", "erin"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("segments failed to encode"), "{stderr}");
+    assert!(stderr.contains("erin/s1: 4 new turns"), "{stderr}");
+    // The turns are stored, and the failures are visible.
+    let sessions =
+        stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "erin", "sessions"]));
+    assert!(sessions.contains("s1\t2024-03-02\t4 turns"), "{sessions}");
+    let segments =
+        stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "erin", "segments", "s1"]));
+    assert!(segments.contains("FAILED"), "{segments}");
+}
+
+#[test]
 fn memory_command_mistakes_are_one_clear_line() {
     let tmp = tempfile::tempdir().unwrap();
     let url = lycheemem_testkit::fake_openai_server(lycheemem_testkit::pipeline_reply("x"));

@@ -40,14 +40,5 @@ pub trait Reranker: Send + Sync {
     fn model_id(&self) -> &str;
 }
 
-/// Cosine similarity of two vectors (dot product when both are unit-norm).
-pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-    if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        dot / (na * nb)
-    }
-}
+/// Cosine similarity (the one implementation lives in `lycheemem_core::vector`).
+pub use lycheemem_core::vector::cosine;

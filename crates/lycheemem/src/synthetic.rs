@@ -36,10 +36,8 @@ impl Rng {
     }
 }
 
-pub fn normalize(v: &mut [f32]) {
-    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-    v.iter_mut().for_each(|x| *x /= n);
-}
+/// Scales to unit length (the one implementation lives in `lycheemem_core::vector`).
+pub use lycheemem_core::vector::normalize;
 
 /// `n` unit vectors around `n / 100` random topic centres.
 pub fn clustered_vectors(n: usize, dims: usize, seed: u64) -> Vec<Vec<f32>> {
