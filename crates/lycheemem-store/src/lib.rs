@@ -47,6 +47,7 @@
 mod backend;
 mod fulltext;
 mod keys;
+pub mod rules;
 mod store;
 mod tables;
 mod transfer;

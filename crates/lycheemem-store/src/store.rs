@@ -253,18 +253,10 @@ impl<'t> Writer<'t> {
         vector: Option<&[f32]>,
     ) -> Result<()> {
         let rkey = keys::ns_str(ns, &record.record_id);
-        // SPEC §2: identical text → same id → one record with unioned provenance. The first
-        // statement stays the record (its session, segment, date, type and fields); a restatement
-        // in the same session adds the turns it cites. A record cites one session, so a
-        // restatement in another session adds no citation (its raw turns stay searchable).
+        // A record whose id is stored is a restatement: `rules::merge_restatement` (SPEC §2).
         let (key, record, indexed) = match self.record(ns, &record.record_id)? {
             Some(old) => {
-                let mut merged = old.record;
-                if merged.source_session == record.source_session {
-                    merged.evidence_turns.extend(record.evidence_turns);
-                    merged.evidence_turns.sort_unstable();
-                    merged.evidence_turns.dedup();
-                }
+                let merged = crate::rules::merge_restatement(old.record, record);
                 // The indexed text and session are the first statement's, so the indexes
                 // already hold this record unless its vector is still pending.
                 let vkey = keys::vector(ns, Target::Record, old.key);
@@ -483,32 +475,18 @@ impl<'t> Writer<'t> {
     }
 
     /// Recomputes a node's derived fields from the records it still links.
-    fn rebuild_node(&self, ns: &Namespace, mut node: EvidenceNode) -> Result<EvidenceNode> {
-        let mut texts = Vec::new();
-        node.sessions.clear();
-        node.entities.clear();
-        node.tags.clear();
-        let mut dates: Vec<String> = Vec::new();
+    fn rebuild_node(&self, ns: &Namespace, node: EvidenceNode) -> Result<EvidenceNode> {
+        let mut records = Vec::with_capacity(node.record_ids.len());
         for rid in &node.record_ids {
             if let Some(r) = self.record(ns, rid)? {
-                node.sessions.insert(r.record.source_session.to_string());
-                node.entities.extend(r.record.entities.iter().cloned());
-                node.tags.extend(r.record.tags.iter().cloned());
-                dates.extend(r.record.dates().iter().map(|d| d.iso()));
-                texts.push(r.record.semantic_text);
+                records.push(r.record);
             }
         }
-        dates.sort();
-        node.span = match (dates.first(), dates.last()) {
-            (Some(a), Some(b)) => Some((a.clone(), b.clone())),
-            _ => None,
-        };
-        node.search_text = EvidenceNode::compose_search_text(
-            &node.label,
-            texts.iter().map(String::as_str),
+        Ok(crate::rules::rebuild_node(
+            node,
+            &records,
             self.node_text_chars,
-        );
-        Ok(node)
+        ))
     }
 
     fn delete_node(&mut self, ns: &Namespace, id: &str) -> Result<DeleteReceipt> {
