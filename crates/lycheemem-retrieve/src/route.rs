@@ -163,208 +163,289 @@ pub fn run_route_timed(
     let started = std::time::Instant::now();
     let cfg = ctx.cfg;
     let profile = cfg.types.get(ctx.question_type);
-    let k = ctx.k;
-    let node_n = ((3 * k).max(cfg.recall_floor) as f64 * profile.m_node).ceil() as usize;
-    let rec_n =
-        ((cfg.recall_factor * k).max(cfg.recall_floor) as f64 * profile.m_rec).ceil() as usize;
-    let turn_n = (k.max(cfg.turn_recall_floor) as f64 * profile.m_turn).ceil() as usize;
-    let temporal_n = (cfg.temporal_factor * k).max(cfg.temporal_floor);
+    let budget = RecallBudget::new(cfg, profile, ctx.k);
     let mut pool = Pool {
         items: BTreeMap::new(),
     };
     let rid = route.route_id.as_str();
-    let filter = &route.temporal_filter;
-
-    // 1. Temporal nodes → records.
-    if cfg.channel_temporal && !filter.is_open() {
-        let since = filter.since.clone().unwrap_or_else(|| "0001-01-01".into());
-        let until = filter.until.clone().unwrap_or_else(|| "9999-12-31".into());
-        let nodes = ctx.store.temporal_nodes(ctx.ns, &since, &until)?;
-        let mut linked = 0usize;
-        for n in nodes {
-            let score = if n.key.starts_with("day:") {
-                cfg.temporal_day_score
-            } else {
-                cfg.temporal_month_score
-            } as f32;
-            for record_id in &n.record_ids {
-                if linked >= temporal_n {
-                    break;
-                }
-                linked += 1;
-                pool.hit(
-                    record_target(record_id),
-                    score,
-                    Channel::Temporal,
-                    None,
-                    Some(&n.node_id),
-                    rid,
-                );
-            }
-        }
+    if cfg.channel_temporal && !route.temporal_filter.is_open() {
+        recall_temporal(ctx, &route.temporal_filter, &budget, &mut pool, rid)?;
     }
-
-    // 2. Evidence nodes → records (scored after we know the records' own similarity).
-    let mut node_hits: Vec<(String, NodeKind, usize)> = Vec::new();
-    if cfg.channel_nodes {
-        for kind in [
-            NodeKind::Entity,
-            NodeKind::Topic,
-            NodeKind::EntityTopic,
-            NodeKind::EventFrame,
-        ] {
-            for (vi, v) in variant_vectors.iter().enumerate() {
-                let q = VectorQuery::new(Target::Node(kind), v.clone(), node_n);
-                for h in ctx.store.vector_search(ctx.ns, &q)? {
-                    if let ItemRef::Node(id) = h.item {
-                        node_hits.push((id, kind, vi));
-                    }
-                }
-            }
-        }
-    }
-
-    // 3. Records.
+    // Node hits are expanded to records last, scored by the records' own similarity.
+    let node_hits = if cfg.channel_nodes {
+        find_nodes(ctx, variant_vectors, &budget)?
+    } else {
+        Vec::new()
+    };
     if cfg.channel_records {
-        for (vi, v) in variant_vectors.iter().enumerate() {
-            let q = VectorQuery::new(Target::Record, v.clone(), rec_n);
-            for h in ctx.store.vector_search(ctx.ns, &q)? {
-                if let ItemRef::Record(id) = &h.item {
-                    let field = cfg.record_base + cfg.record_scale * f64::from(r_of(h.score));
-                    pool.hit(
-                        record_target(id),
-                        field as f32,
-                        Channel::Record,
-                        Some(vi),
-                        None,
-                        rid,
-                    );
-                }
-            }
-        }
+        let field = |r: f32| cfg.record_base + cfg.record_scale * f64::from(r);
+        let what = (Target::Record, budget.rec_n, Channel::Record);
+        recall_nearest(ctx, variant_vectors, what, field, &mut pool, rid)?;
     }
-
-    // 4. Raw turns (role bonus added once the turn is resolved).
     if cfg.channel_turns {
-        for (vi, v) in variant_vectors.iter().enumerate() {
-            let q = VectorQuery::new(Target::Turn, v.clone(), turn_n);
-            for h in ctx.store.vector_search(ctx.ns, &q)? {
-                if let ItemRef::Turn(t) = &h.item {
-                    let field = (cfg.turn_base + cfg.turn_scale * f64::from(r_of(h.score)))
-                        * profile.raw_mult;
-                    pool.hit(
-                        turn_target(t),
-                        field as f32,
-                        Channel::RawTurn,
-                        Some(vi),
-                        None,
-                        rid,
-                    );
-                }
-            }
-        }
+        let field = |r: f32| (cfg.turn_base + cfg.turn_scale * f64::from(r)) * profile.raw_mult;
+        let what = (Target::Turn, budget.turn_n, Channel::RawTurn);
+        recall_nearest(ctx, variant_vectors, what, field, &mut pool, rid)?;
     }
-
-    // 5. Lexical BM25 over records and turns.
     if cfg.channel_lexical {
-        for (vi, text) in variant_texts.iter().enumerate() {
-            for (target, n, mult) in [
-                (Target::Record, rec_n, 1.0),
-                (Target::Turn, turn_n, profile.raw_mult),
-            ] {
-                let hits = ctx.store.text_search(ctx.ns, target, text, n, None)?;
-                let max = hits
-                    .iter()
-                    .map(|h| h.score)
-                    .fold(0.0f32, f32::max)
-                    .max(f32::MIN_POSITIVE);
-                for h in hits {
-                    let field =
-                        (cfg.lexical_base + cfg.lexical_scale * f64::from(h.score / max)) * mult;
-                    let t = match &h.item {
-                        ItemRef::Record(id) => record_target(id),
-                        ItemRef::Turn(t) => turn_target(t),
-                        ItemRef::Node(_) => continue,
-                    };
-                    pool.hit(t, field as f32, Channel::Lexical, Some(vi), None, rid);
+        recall_lexical(ctx, variant_texts, &budget, profile, &mut pool, rid)?;
+    }
+    if !node_hits.is_empty() {
+        expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool, rid)?;
+    }
+    let candidates: Vec<Scored> = pool.items.into_values().collect();
+    let recall_ms = started.elapsed().as_secs_f64() * 1e3;
+    let candidates = score_route(ctx, route, candidates, variant_vectors, profile)?;
+    let score_ms = started.elapsed().as_secs_f64() * 1e3 - recall_ms;
+    Ok((
+        candidates,
+        RouteTimings {
+            recall_ms,
+            score_ms,
+        },
+    ))
+}
+
+/// How many candidates each recall channel asks for (SPEC §4: `k` scaled by the question type's
+/// multipliers, with floors).
+struct RecallBudget {
+    node_n: usize,
+    rec_n: usize,
+    turn_n: usize,
+    temporal_n: usize,
+}
+
+impl RecallBudget {
+    fn new(cfg: &RetrievalConfig, profile: &TypeProfile, k: usize) -> Self {
+        RecallBudget {
+            node_n: ((3 * k).max(cfg.recall_floor) as f64 * profile.m_node).ceil() as usize,
+            rec_n: ((cfg.recall_factor * k).max(cfg.recall_floor) as f64 * profile.m_rec).ceil()
+                as usize,
+            turn_n: (k.max(cfg.turn_recall_floor) as f64 * profile.m_turn).ceil() as usize,
+            temporal_n: (cfg.temporal_factor * k).max(cfg.temporal_floor),
+        }
+    }
+}
+
+/// Temporal channel: the day and month nodes the route's filter overlaps → their records.
+fn recall_temporal(
+    ctx: &RouteContext<'_>,
+    filter: &TemporalFilter,
+    budget: &RecallBudget,
+    pool: &mut Pool,
+    rid: &str,
+) -> Result<()> {
+    let cfg = ctx.cfg;
+    let temporal_n = budget.temporal_n;
+    let since = filter.since.clone().unwrap_or_else(|| "0001-01-01".into());
+    let until = filter.until.clone().unwrap_or_else(|| "9999-12-31".into());
+    let nodes = ctx.store.temporal_nodes(ctx.ns, &since, &until)?;
+    let mut linked = 0usize;
+    for n in nodes {
+        let score = if n.key.starts_with("day:") {
+            cfg.temporal_day_score
+        } else {
+            cfg.temporal_month_score
+        } as f32;
+        for record_id in &n.record_ids {
+            if linked >= temporal_n {
+                break;
+            }
+            linked += 1;
+            pool.hit(
+                record_target(record_id),
+                score,
+                Channel::Temporal,
+                None,
+                Some(&n.node_id),
+                rid,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Evidence-node channel, first half: the nodes of every kind nearest to each query variant.
+fn find_nodes(
+    ctx: &RouteContext<'_>,
+    variant_vectors: &[Vec<f32>],
+    budget: &RecallBudget,
+) -> Result<Vec<(String, NodeKind, usize)>> {
+    let node_n = budget.node_n;
+    let mut node_hits: Vec<(String, NodeKind, usize)> = Vec::new();
+    for kind in [
+        NodeKind::Entity,
+        NodeKind::Topic,
+        NodeKind::EntityTopic,
+        NodeKind::EventFrame,
+    ] {
+        for (vi, v) in variant_vectors.iter().enumerate() {
+            let q = VectorQuery::new(Target::Node(kind), v.clone(), node_n);
+            for h in ctx.store.vector_search(ctx.ns, &q)? {
+                if let ItemRef::Node(id) = h.item {
+                    node_hits.push((id, kind, vi));
                 }
             }
         }
     }
+    Ok(node_hits)
+}
 
-    // Expand node hits to their records, scored by the records' own similarity. Small nodes
-    // are scored exactly from one batch of vectors; large ones (a main speaker's entity node
-    // can link thousands of records) through a vector search restricted to their members.
-    if !node_hits.is_empty() {
-        let mut ids: Vec<String> = node_hits.iter().map(|(id, _, _)| id.clone()).collect();
-        ids.sort();
-        ids.dedup();
-        let nodes: HashMap<String, lycheemem_core::EvidenceNode> = ctx
-            .store
-            .nodes(ctx.ns, &ids)?
-            .into_iter()
-            .map(|n| (n.node_id.clone(), n))
-            .collect();
-        let mut small: Vec<String> = nodes
-            .values()
-            .filter(|n| n.record_ids.len() <= LARGE_NODE)
-            .flat_map(|n| n.record_ids.iter().cloned())
-            .collect();
-        small.sort();
-        small.dedup();
-        let items: Vec<ItemRef> = small.iter().cloned().map(ItemRef::Record).collect();
-        let vectors: HashMap<String, Vec<f32>> = small
-            .into_iter()
-            .zip(ctx.store.scoring_vectors(ctx.ns, &items)?)
-            .filter_map(|(id, v)| v.map(|v| (id, v)))
-            .collect();
-        for (node_id, kind, vi) in &node_hits {
-            let Some(node) = nodes.get(node_id) else {
-                continue;
+/// Record and raw-turn channels: the items of `target` nearest to each query variant, each
+/// scored by `field` of its similarity (a turn's role bonus comes once it is resolved).
+fn recall_nearest(
+    ctx: &RouteContext<'_>,
+    variant_vectors: &[Vec<f32>],
+    (target, n, channel): (Target, usize, Channel),
+    field: impl Fn(f32) -> f64,
+    pool: &mut Pool,
+    rid: &str,
+) -> Result<()> {
+    for (vi, v) in variant_vectors.iter().enumerate() {
+        let q = VectorQuery::new(target, v.clone(), n);
+        for h in ctx.store.vector_search(ctx.ns, &q)? {
+            let t = match &h.item {
+                ItemRef::Record(id) => record_target(id),
+                ItemRef::Turn(t) => turn_target(t),
+                ItemRef::Node(_) => continue,
             };
-            let query = &variant_vectors[*vi];
-            let scored: Vec<(f32, String)> = if node.record_ids.len() <= LARGE_NODE {
-                let mut s: Vec<(f32, String)> = node
-                    .record_ids
-                    .iter()
-                    .filter_map(|id| {
-                        vectors
-                            .get(id)
-                            .map(|v| (r_of(cosine(v, query)), id.clone()))
-                    })
-                    .collect();
-                s.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-                s.truncate(rec_n);
-                s
-            } else {
-                let members: Vec<String> = node.record_ids.iter().cloned().collect();
-                ctx.store
-                    .vector_search_within(ctx.ns, Target::Record, query, rec_n, &members)?
-                    .into_iter()
-                    .filter_map(|h| match h.item {
-                        ItemRef::Record(id) => Some((r_of(h.score), id)),
-                        _ => None,
-                    })
-                    .collect()
-            };
-            for (r, id) in scored {
-                let field = node_weight(*kind, cfg) + cfg.record_scale * f64::from(r);
-                pool.hit(
-                    record_target(&id),
-                    field as f32,
-                    Channel::EvidenceNode,
-                    Some(*vi),
-                    Some(node_id),
-                    rid,
-                );
+            pool.hit(t, field(r_of(h.score)) as f32, channel, Some(vi), None, rid);
+        }
+    }
+    Ok(())
+}
+
+/// Lexical channel: BM25 over records and turns for each query variant, each variant's scores
+/// normalized by its best.
+fn recall_lexical(
+    ctx: &RouteContext<'_>,
+    variant_texts: &[String],
+    budget: &RecallBudget,
+    profile: &TypeProfile,
+    pool: &mut Pool,
+    rid: &str,
+) -> Result<()> {
+    let cfg = ctx.cfg;
+    let (rec_n, turn_n) = (budget.rec_n, budget.turn_n);
+    for (vi, text) in variant_texts.iter().enumerate() {
+        for (target, n, mult) in [
+            (Target::Record, rec_n, 1.0),
+            (Target::Turn, turn_n, profile.raw_mult),
+        ] {
+            let hits = ctx.store.text_search(ctx.ns, target, text, n, None)?;
+            let max = hits
+                .iter()
+                .map(|h| h.score)
+                .fold(0.0f32, f32::max)
+                .max(f32::MIN_POSITIVE);
+            for h in hits {
+                let field =
+                    (cfg.lexical_base + cfg.lexical_scale * f64::from(h.score / max)) * mult;
+                let t = match &h.item {
+                    ItemRef::Record(id) => record_target(id),
+                    ItemRef::Turn(t) => turn_target(t),
+                    ItemRef::Node(_) => continue,
+                };
+                pool.hit(t, field as f32, Channel::Lexical, Some(vi), None, rid);
             }
         }
     }
+    Ok(())
+}
 
-    let mut candidates: Vec<Scored> = pool.items.into_values().collect();
-    let recall_ms = started.elapsed().as_secs_f64() * 1e3;
+/// Evidence-node channel, second half: node hits expanded to their records, scored by the
+/// records' own similarity. Small nodes are scored exactly from one batch of vectors; large
+/// ones (a main speaker's entity node can link thousands of records) through a vector search
+/// restricted to their members.
+fn expand_nodes(
+    ctx: &RouteContext<'_>,
+    node_hits: &[(String, NodeKind, usize)],
+    variant_vectors: &[Vec<f32>],
+    budget: &RecallBudget,
+    pool: &mut Pool,
+    rid: &str,
+) -> Result<()> {
+    let cfg = ctx.cfg;
+    let rec_n = budget.rec_n;
+    let mut ids: Vec<String> = node_hits.iter().map(|(id, _, _)| id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    let nodes: HashMap<String, lycheemem_core::EvidenceNode> = ctx
+        .store
+        .nodes(ctx.ns, &ids)?
+        .into_iter()
+        .map(|n| (n.node_id.clone(), n))
+        .collect();
+    let mut small: Vec<String> = nodes
+        .values()
+        .filter(|n| n.record_ids.len() <= LARGE_NODE)
+        .flat_map(|n| n.record_ids.iter().cloned())
+        .collect();
+    small.sort();
+    small.dedup();
+    let items: Vec<ItemRef> = small.iter().cloned().map(ItemRef::Record).collect();
+    let vectors: HashMap<String, Vec<f32>> = small
+        .into_iter()
+        .zip(ctx.store.scoring_vectors(ctx.ns, &items)?)
+        .filter_map(|(id, v)| v.map(|v| (id, v)))
+        .collect();
+    for (node_id, kind, vi) in node_hits {
+        let Some(node) = nodes.get(node_id) else {
+            continue;
+        };
+        let query = &variant_vectors[*vi];
+        let scored: Vec<(f32, String)> = if node.record_ids.len() <= LARGE_NODE {
+            let mut s: Vec<(f32, String)> = node
+                .record_ids
+                .iter()
+                .filter_map(|id| {
+                    vectors
+                        .get(id)
+                        .map(|v| (r_of(cosine(v, query)), id.clone()))
+                })
+                .collect();
+            s.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            s.truncate(rec_n);
+            s
+        } else {
+            let members: Vec<String> = node.record_ids.iter().cloned().collect();
+            ctx.store
+                .vector_search_within(ctx.ns, Target::Record, query, rec_n, &members)?
+                .into_iter()
+                .filter_map(|h| match h.item {
+                    ItemRef::Record(id) => Some((r_of(h.score), id)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for (r, id) in scored {
+            let field = node_weight(*kind, cfg) + cfg.record_scale * f64::from(r);
+            pool.hit(
+                record_target(&id),
+                field as f32,
+                Channel::EvidenceNode,
+                Some(*vi),
+                Some(node_id),
+                rid,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A route's candidates resolved (texts, dates, sessions), given their bonuses, joined by their
+/// source windows, optionally reranked, and scored and sorted for fusion.
+fn score_route(
+    ctx: &RouteContext<'_>,
+    route: &Route,
+    mut candidates: Vec<Scored>,
+    variant_vectors: &[Vec<f32>],
+    profile: &TypeProfile,
+) -> Result<Vec<Scored>> {
+    let cfg = ctx.cfg;
+    let rid = route.route_id.as_str();
     resolve(ctx, &mut candidates, variant_vectors, profile)?;
-    apply_bonuses(ctx, &mut candidates, filter);
+    apply_bonuses(ctx, &mut candidates, &route.temporal_filter);
     let mut candidates = add_windows(ctx, candidates, variant_vectors, profile, rid)?;
     if cfg.rerank
         && let Some(reranker) = ctx.reranker
@@ -382,14 +463,7 @@ pub fn run_route_timed(
             .total_cmp(&a.route_score)
             .then(a.target.cmp(&b.target))
     });
-    let score_ms = started.elapsed().as_secs_f64() * 1e3 - recall_ms;
-    Ok((
-        candidates,
-        RouteTimings {
-            recall_ms,
-            score_ms,
-        },
-    ))
+    Ok(candidates)
 }
 
 /// Fills in each candidate's item info and its best similarity `r` over the variants; drops
