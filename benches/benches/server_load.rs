@@ -9,10 +9,8 @@
 //! RSS before and after, and the reference: the same searches called in-process on the memory
 //! (no HTTP), sequentially, in the same run.
 
-use lycheemem::synthetic::{
-    Rng, build_store, mark_sessions_processed, percentile, rss_mib, sentence,
-};
 use lycheemem::{Components, Memory, QueryOptions};
+use lycheemem_bench::synthetic::{Rng, build_store, percentile, rss_mib, sentence};
 use lycheemem_benches::arg;
 use lycheemem_core::{Config, Namespace};
 use lycheemem_server::keys::KeyStore;
@@ -39,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         eprintln!("built {records} synthetic records in {:.0?}", t0.elapsed());
     } else {
         let store = lycheemem_store::Store::open(&dir, lycheemem_store::StoreOptions::new(384))?;
-        mark_sessions_processed(&store, &Namespace::new("bench")?)?;
+        lycheemem::mark_sessions_processed(&store, &Namespace::new("bench")?)?;
     }
     let llm = Arc::new(ScriptedLlm::pipeline("ok"));
     let components = Components::with_llm(Arc::new(lycheemem_testkit::minilm()), llm);

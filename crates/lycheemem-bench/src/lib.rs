@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod synthetic;
 pub mod variant;
 
 pub use dataset::{Dataset, DatasetKind, Item, Question, TurnAt};

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use lycheemem::synthetic::{Rng, build_store, percentile, sentence};
+use lycheemem_bench::synthetic::{Rng, build_store, percentile, sentence};
 
 #[derive(Args)]
 pub struct BenchRetrieveArgs {

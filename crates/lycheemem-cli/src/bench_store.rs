@@ -17,7 +17,7 @@ use lycheemem_store::{
 };
 use rayon::prelude::*;
 
-use lycheemem::synthetic::{
+use lycheemem_bench::synthetic::{
     Rng, clustered_vectors, normalize, percentile, rss_mib, sentence, word,
 };
 use lycheemem_core::vector::dot;

@@ -3,8 +3,8 @@
 //! during ingestion, and MCP tool calls over streamable HTTP and stdio. Models are doubles
 //! (scripted LLM, bag-of-words embedder); everything else is real.
 
-use lycheemem::synthetic::rss_mib;
 use lycheemem::{Components, Memory, NewTurn};
+use lycheemem_bench::synthetic::rss_mib;
 use lycheemem_core::{Config, Namespace, SessionId};
 use lycheemem_server::keys::KeyStore;
 use lycheemem_server::{ServerConfig, serve_listener};

@@ -27,12 +27,11 @@
 
 mod components;
 mod memory;
-pub mod synthetic;
 
 pub use components::Components;
 pub use memory::{
     Answer, AppendReceipt, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory,
-    NewTurn, QueryOptions, RederiveReport, SegmentSummary,
+    NewTurn, QueryOptions, RederiveReport, SegmentSummary, mark_sessions_processed,
 };
 
 pub use lycheemem_core as core;

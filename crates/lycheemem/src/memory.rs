@@ -966,3 +966,16 @@ pub struct Construction {
     /// Exchanges segmented: the number of calls per-exchange encoding would make.
     pub exchanges: u64,
 }
+
+/// Records every session's stored turns in `ns` as already processed, so a memory opened on a
+/// store written below the facade (a bulk load through the store traits, or a synthetic
+/// benchmark store) does not segment and encode them again.
+pub fn mark_sessions_processed(store: &dyn MemoryStore, ns: &Namespace) -> Result<()> {
+    for s in store.sessions(ns)? {
+        if store.state(ns, &s.id, INGEST_STATE)?.is_none() {
+            let state = Memory::processed_state(&s.id, s.turn_count)?;
+            store.put_state(ns, &s.id, INGEST_STATE, &state)?;
+        }
+    }
+    Ok(())
+}

@@ -1,6 +1,6 @@
 //! Seeded synthetic data for storage, retrieval and server benchmarks: clustered unit vectors
 //! (embedding-like: many topics of Zipf-distributed sizes), Zipf-distributed pseudo-words, and
-//! whole synthetic memories. Not used by the memory itself.
+//! whole synthetic memories. Not used by the memory itself (it lives with the benchmark harness).
 
 use lycheemem_core::config::OrganizeConfig;
 use lycheemem_core::{
@@ -233,19 +233,7 @@ pub fn build_store(dir: &Path, n: usize, dims: usize, seed: u64) -> Result<(Stor
         }
         store.commit_segment(&ns, write)?;
     }
-    mark_sessions_processed(&store, &ns)?;
+    lycheemem::mark_sessions_processed(&store, &ns)?;
     store.checkpoint()?;
     Ok((store, ns))
-}
-
-/// Records every session's stored turns as already processed, so a memory opened on a store
-/// written below the facade (like [`build_store`]'s) does not segment and encode them again.
-pub fn mark_sessions_processed(store: &Store, ns: &Namespace) -> Result<()> {
-    for s in store.sessions(ns)? {
-        if store.state(ns, &s.id, crate::INGEST_STATE)?.is_none() {
-            let state = crate::Memory::processed_state(&s.id, s.turn_count)?;
-            store.put_state(ns, &s.id, crate::INGEST_STATE, &state)?;
-        }
-    }
-    Ok(())
 }
