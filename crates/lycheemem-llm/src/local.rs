@@ -415,13 +415,21 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            // Generations whose callers went away stop here and free their slots.
-            let (cancelled, active): (Vec<Active>, Vec<Active>) = std::mem::take(&mut self.active)
-                .into_iter()
-                .partition(|a| a.request.opts.cancel.is_cancelled());
-            self.active = active;
-            for a in cancelled {
-                self.finish(a, Err(cancelled_error()));
+            // Generations whose callers went away stop here and free their slots (checked
+            // without allocating: this runs before every decoding step).
+            if self
+                .active
+                .iter()
+                .any(|a| a.request.opts.cancel.is_cancelled())
+            {
+                let (cancelled, active): (Vec<Active>, Vec<Active>) =
+                    std::mem::take(&mut self.active)
+                        .into_iter()
+                        .partition(|a| a.request.opts.cancel.is_cancelled());
+                self.active = active;
+                for a in cancelled {
+                    self.finish(a, Err(cancelled_error()));
+                }
             }
             if !self.active.is_empty() {
                 self.step();

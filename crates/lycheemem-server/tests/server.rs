@@ -1042,7 +1042,7 @@ async fn eight_clients_under_load_lose_nothing() {
             (acknowledged, searches, retries, errors)
         }));
     }
-    let mut total_searches = 0;
+    let (mut total_searches, mut total_retries) = (0, 0);
     let mut results = Vec::new();
     for t in tasks {
         let (acked, searches, retries, errors) = t.await.unwrap();
@@ -1053,7 +1053,7 @@ async fn eight_clients_under_load_lose_nothing() {
             &errors[..errors.len().min(5)]
         );
         total_searches += searches;
-        let _ = retries;
+        total_retries += retries;
         results.push(acked);
     }
     let rss_after = rss_mib();
@@ -1079,7 +1079,7 @@ async fn eight_clients_under_load_lose_nothing() {
     })
     .await;
     eprintln!(
-        "{CLIENTS} clients, {seconds} s: {total_searches} searches, {} turns; RSS {rss_before:.0} → {rss_after:.0} MiB",
+        "{CLIENTS} clients, {seconds} s: {total_searches} searches, {} turns, {total_retries} retries after 429; RSS {rss_before:.0} → {rss_after:.0} MiB",
         results.iter().map(Vec::len).sum::<usize>()
     );
     assert!(

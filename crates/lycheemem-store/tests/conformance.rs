@@ -18,29 +18,6 @@ fn open(dir: &std::path::Path) -> Box<dyn MemoryStore> {
     open_backend(dir)
 }
 
-/// Adds `n` turns to `session` with vectors seeded by `seed + index`.
-fn add_turns(
-    store: &dyn MemoryStore,
-    ns: &lycheemem_core::Namespace,
-    session: &str,
-    n: u32,
-    seed: u64,
-) {
-    let start = store
-        .session(ns, &sid(session))
-        .unwrap()
-        .map_or(0, |s| s.turn_count);
-    let turns = (start..start + n)
-        .map(|i| {
-            (
-                turn(session, i, &format!("{session} turn {i} about word{i}")),
-                Some(vector(seed + u64::from(i))),
-            )
-        })
-        .collect();
-    store.add_turns(ns, turns).unwrap();
-}
-
 #[test]
 fn turns_segments_records_nodes_round_trip() {
     let dir = tempfile::tempdir().unwrap();

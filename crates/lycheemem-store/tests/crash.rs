@@ -59,11 +59,11 @@ fn run_child(dir: &str, round: u64) {
         for _ in 0..1 + step % 3 {
             let text = format!("round{round} step{step} turn{next} token{round}x{next}");
             batch.push((turn(&session, next, &text), Some(vector_for(&text))));
-            batch_texts.push((text, ()));
+            batch_texts.push(text);
             next += 1;
         }
         store.add_turns(&ns, batch).unwrap();
-        for (i, (t, _)) in (first..next).zip(&batch_texts) {
+        for (i, t) in (first..next).zip(&batch_texts) {
             ack(&format!("turn {session} {i} {t}"));
         }
         let seg = segment(&session, first, next - 1);

@@ -13,23 +13,6 @@ fn open(dir: &std::path::Path) -> Store {
     Store::open(dir, StoreOptions::new(DIMS)).unwrap()
 }
 
-/// Adds `n` turns to `session` with vectors seeded by `seed + index`.
-fn add_turns(store: &Store, ns: &lycheemem_core::Namespace, session: &str, n: u32, seed: u64) {
-    let start = store
-        .session(ns, &sid(session))
-        .unwrap()
-        .map_or(0, |s| s.turn_count);
-    let turns = (start..start + n)
-        .map(|i| {
-            (
-                turn(session, i, &format!("{session} turn {i} about word{i}")),
-                Some(vector(seed + u64::from(i))),
-            )
-        })
-        .collect();
-    store.add_turns(ns, turns).unwrap();
-}
-
 #[test]
 fn second_opener_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -452,17 +452,16 @@ impl Memory {
                 already_stored = u64::from(overlap);
             }
         }
-        if existing.is_none() || date.is_some() {
-            let unchanged = existing
-                .as_ref()
-                .is_some_and(|s| date.is_none() || s.date.as_deref() == date);
-            if !unchanged {
-                let mut info = existing.unwrap_or_else(|| SessionInfo::new(session.clone(), None));
-                if let Some(d) = date {
-                    info.date = Some(d.to_string());
-                }
-                self.store.put_session(ns, info)?;
+        // A new session is created; a given date that differs from the stored one updates it.
+        let same_date = existing
+            .as_ref()
+            .is_some_and(|s| date.is_none() || s.date.as_deref() == date);
+        if !same_date {
+            let mut info = existing.unwrap_or_else(|| SessionInfo::new(session.clone(), None));
+            if let Some(d) = date {
+                info.date = Some(d.to_string());
             }
+            self.store.put_session(ns, info)?;
         }
         if turns.is_empty() {
             return Ok(AppendReceipt {

@@ -146,3 +146,26 @@ pub fn segment_write(
         .collect();
     w
 }
+
+/// Adds `n` turns to `session` with vectors seeded by `seed + index`.
+pub fn add_turns(
+    store: &dyn lycheemem_store::MemoryStore,
+    ns: &Namespace,
+    session: &str,
+    n: u32,
+    seed: u64,
+) {
+    let start = store
+        .session(ns, &sid(session))
+        .unwrap()
+        .map_or(0, |s| s.turn_count);
+    let turns = (start..start + n)
+        .map(|i| {
+            (
+                turn(session, i, &format!("{session} turn {i} about word{i}")),
+                Some(vector(seed + u64::from(i))),
+            )
+        })
+        .collect();
+    store.add_turns(ns, turns).unwrap();
+}
