@@ -1,6 +1,6 @@
 //! Criterion micro-benchmarks of lycheemem live in `benches/`; this library holds only what the
 //! harness-less benchmark binaries share. Whole-system comparisons against reference
-//! implementations are harness commands instead (`lycheemem bench ...`, see the README), because
+//! implementations are harness commands instead (`lycheemem-bench ...`, see the README), because
 //! they need a second runtime in the same run.
 
 /// The value after `name` on the command line (`--name value`), or `default`.

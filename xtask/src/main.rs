@@ -176,7 +176,7 @@ fn bench_embed(root: &Path, extra: &[String]) -> Result<()> {
     cli_bench("embed", &reference_python(root)?, extra)
 }
 
-/// `lycheemem bench <what> --reference-python PY [--locomo ../shared/...] ARGS`, in release.
+/// `lycheemem-bench <what> --reference-python PY [--locomo ../shared/...] ARGS`, in release.
 fn cli_bench(what: &str, python: &Path, extra: &[String]) -> Result<()> {
     let mut args: Vec<String> = extra.to_vec();
     if !args.iter().any(|a| a == "--locomo") {
@@ -185,8 +185,10 @@ fn cli_bench(what: &str, python: &Path, extra: &[String]) -> Result<()> {
             "../shared/benchmarks/locomo/locomo_dev8.json".into(),
         ]);
     }
-    run(cli_release()
-        .args(["bench", what, "--reference-python"])
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "-p", "lycheemem-bench-cli", "--"]);
+    run(cmd
+        .args([what, "--reference-python"])
         .arg(python)
         .args(args))
 }

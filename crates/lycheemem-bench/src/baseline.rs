@@ -193,7 +193,7 @@ mod tests {
             turns: (0..n)
                 .map(|i| NewTurn::spoken("Ann", format!("{id} turn {i} about gardening")))
                 .collect(),
-            turn_ids: vec![None; n],
+            origins: vec![Default::default(); n],
         };
         Item {
             id: "x".into(),

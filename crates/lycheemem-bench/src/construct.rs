@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// What building one memory cost (SPEC §6 construction cost).
+/// What building one memory cost (docs/algorithm.md, "Cost and token accounting").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ConstructionReport {
     pub item: String,

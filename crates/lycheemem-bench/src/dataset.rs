@@ -4,14 +4,13 @@
 //! image captions and abstention ids are handled, and everything skipped is reported.
 
 use anyhow::{Context, Result, bail};
-use lycheemem::NewTurn;
-use lycheemem_core::Role;
+use lycheemem::formats;
 use lycheemem_core::date::normalize_date;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
@@ -51,15 +50,8 @@ pub struct Item {
     pub questions: Vec<Question>,
 }
 
-#[derive(Debug, Clone)]
-pub struct Session {
-    pub id: String,
-    /// The date as given by the dataset (the memory normalizes it).
-    pub date: Option<String>,
-    pub turns: Vec<NewTurn>,
-    /// The dataset's id of each turn (LoCoMo `dia_id`), parallel to `turns`.
-    pub turn_ids: Vec<Option<String>>,
-}
+/// A dated session of turns, as [`lycheemem::formats`] reads it.
+pub use lycheemem::formats::Session;
 
 /// A stored turn position: session id and index (turns are stored in order from 0).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -105,35 +97,12 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Reads a file, decompressing `.zst` (zstd windows up to 2^31 accepted).
-pub fn read_maybe_zst(path: &Path) -> Result<(Vec<u8>, String)> {
-    let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let hash = sha256_hex(&raw);
-    if path.extension().is_some_and(|e| e == "zst") {
-        let mut decoder = zstd::stream::read::Decoder::new(raw.as_slice())
-            .context("starting the zstd decoder")?;
-        decoder
-            .window_log_max(31)
-            .context("raising the zstd window limit")?;
-        let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut decoder, &mut out)
-            .with_context(|| format!("decompressing {}", path.display()))?;
-        return Ok((out, hash));
-    }
-    Ok((raw, hash))
-}
-
 /// Loads a LoCoMo or LongMemEval file, detecting which from its content.
 pub fn load(path: &Path) -> Result<Dataset> {
-    let (bytes, sha256) = read_maybe_zst(path)?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{} is not valid UTF-8 (byte {})",
-            path.display(),
-            e.valid_up_to()
-        )
-    })?;
-    let value: Value = serde_json::from_str(text)
+    let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let sha256 = sha256_hex(&raw);
+    let text = formats::utf8(path, formats::decompress(path, raw)?)?;
+    let value: Value = serde_json::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{} is not valid JSON: {e}", path.display()))?;
     let first = value
         .as_array()
@@ -172,70 +141,29 @@ static DIA_ID: LazyLock<Regex> =
 /// LoCoMo conversations as items (image captions appended to the turn text, speakers kept;
 /// empty turns dropped). The question date is the last session's date.
 pub fn locomo_items(value: &Value) -> Result<(Vec<Item>, Vec<String>)> {
+    let parsed = formats::locomo(value)?;
+    let mut skipped = parsed.notes;
     let mut items = Vec::new();
-    let mut skipped = Vec::new();
-    for (i, conv) in value
-        .as_array()
-        .context("LoCoMo must be a JSON list")?
-        .iter()
-        .enumerate()
-    {
-        let id = conv
-            .get("sample_id")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("conv-{i}"), str::to_string);
-        let c = &conv["conversation"];
-        let mut sessions = Vec::new();
+    let list = value.as_array().context("LoCoMo must be a JSON list")?;
+    for (conv, parsed) in list.iter().zip(parsed.conversations) {
+        let id = parsed.name.unwrap_or_default();
+        let sessions = parsed.sessions;
         let mut by_dia: HashMap<String, TurnAt> = HashMap::new();
-        for n in 1.. {
-            let Some(turns) = c.get(format!("session_{n}")).and_then(Value::as_array) else {
-                break;
-            };
-            let sid = format!("session_{n}");
-            let date = c
-                .get(format!("session_{n}_date_time"))
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            let mut session = Session {
-                id: sid.clone(),
-                date,
-                turns: Vec::new(),
-                turn_ids: Vec::new(),
-            };
-            for t in turns {
-                let speaker = t
-                    .get("speaker")
-                    .and_then(Value::as_str)
-                    .unwrap_or("speaker");
-                let mut text = t
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                if let Some(caption) = t.get("blip_caption").and_then(Value::as_str) {
-                    text.push_str(&format!(" [shares an image: {caption}]"));
-                }
-                let dia = t.get("dia_id").and_then(Value::as_str).map(str::to_string);
-                if text.trim().is_empty() {
-                    skipped.push(format!("{id}: empty turn {dia:?} dropped"));
-                    continue;
-                }
-                if let Some(d) = &dia {
+        for s in &sessions {
+            for (index, origin) in s.origins.iter().enumerate() {
+                if let Some(d) = &origin.id {
                     let norm = DIA_ID
                         .captures(d)
                         .map_or_else(|| d.clone(), |m| format!("D{}:{}", &m[1], &m[2]));
                     by_dia.insert(
                         norm,
                         TurnAt {
-                            session: sid.clone(),
-                            index: session.turns.len() as u32,
+                            session: s.id.clone(),
+                            index: index as u32,
                         },
                     );
                 }
-                session.turns.push(NewTurn::spoken(speaker, text));
-                session.turn_ids.push(dia);
             }
-            sessions.push(session);
         }
         let question_date = sessions
             .iter()
@@ -314,103 +242,42 @@ pub fn locomo_items(value: &Value) -> Result<(Vec<Item>, Vec<String>)> {
     Ok((items, skipped))
 }
 
-fn role_of(v: Option<&Value>) -> Role {
-    match v.and_then(Value::as_str).unwrap_or("user") {
-        "assistant" | "ai" | "bot" => Role::Assistant,
-        "system" => Role::System,
-        _ => Role::User,
-    }
-}
-
-/// A message's text: a string, or the text parts of OpenAI-style content parts.
-pub fn content_of(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => Some(
-            parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("\n"),
-        ),
-        _ => None,
-    }
-}
-
 /// LongMemEval items: each question with its own haystack. Repeated session ids get a `-N`
 /// suffix; `answer_session_ids` map to the first session of that id.
 pub fn longmemeval_items(value: &Value) -> Result<(Vec<Item>, Vec<String>)> {
+    let parsed = formats::longmemeval(value)?;
+    let mut skipped = parsed.notes;
     let mut items = Vec::new();
-    let mut skipped = Vec::new();
-    for (i, item) in value
+    let list = value
         .as_array()
-        .context("LongMemEval must be a JSON list")?
-        .iter()
-        .enumerate()
-    {
-        let qid = item
-            .get("question_id")
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("item-{i}"), str::to_string);
-        let strings = |key: &str| -> Vec<Option<String>> {
+        .context("LongMemEval must be a JSON list")?;
+    for (item, parsed) in list.iter().zip(parsed.conversations) {
+        let qid = parsed.name.unwrap_or_default();
+        let sessions = parsed.sessions;
+        let strings = |key: &str| -> Vec<String> {
             item.get(key)
                 .and_then(Value::as_array)
-                .map(|d| d.iter().map(|x| x.as_str().map(str::to_string)).collect())
+                .map(|d| {
+                    d.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
                 .unwrap_or_default()
         };
-        let dates = strings("haystack_dates");
-        let ids = strings("haystack_session_ids");
-        let mut sessions = Vec::new();
-        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-        let mut evidence = Vec::new();
-        for (n, s) in item
-            .get("haystack_sessions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let mut id = ids
-                .get(n)
-                .cloned()
-                .flatten()
-                .unwrap_or_else(|| format!("session-{}", n + 1));
-            let count = seen.entry(id.clone()).or_insert(0);
-            *count += 1;
-            if *count > 1 {
-                id = format!("{id}-{count}");
-            }
-            let mut session = Session {
-                id: id.clone(),
-                date: dates.get(n).cloned().flatten(),
-                turns: Vec::new(),
-                turn_ids: Vec::new(),
-            };
-            for (t_index, t) in s.as_array().into_iter().flatten().enumerate() {
-                let Some(text) = t.get("content").and_then(content_of) else {
-                    skipped.push(format!("{qid}: turn {id}/{t_index} has no content"));
-                    continue;
-                };
-                let role = role_of(t.get("role"));
-                if text.trim().is_empty() || role == Role::System {
-                    continue;
-                }
-                if t.get("has_answer").and_then(Value::as_bool) == Some(true) {
-                    evidence.push(TurnAt {
-                        session: id.clone(),
-                        index: session.turns.len() as u32,
-                    });
-                }
-                session.turns.push(NewTurn {
-                    role,
-                    speaker: None,
-                    text,
-                    time: None,
-                });
-                session.turn_ids.push(None);
-            }
-            sessions.push(session);
-        }
+        let evidence: Vec<TurnAt> = sessions
+            .iter()
+            .flat_map(|s| {
+                s.origins
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, o)| o.has_answer)
+                    .map(|(index, _)| TurnAt {
+                        session: s.id.clone(),
+                        index: index as u32,
+                    })
+            })
+            .collect();
         let Some(question) = item.get("question").and_then(Value::as_str) else {
             skipped.push(format!("{qid}: no question"));
             continue;
@@ -421,8 +288,7 @@ pub fn longmemeval_items(value: &Value) -> Result<(Vec<Item>, Vec<String>)> {
         };
         let evidence_sessions: Vec<String> = strings("answer_session_ids")
             .into_iter()
-            .flatten()
-            .filter(|s| seen.contains_key(s))
+            .filter(|id| sessions.iter().any(|s| &s.id == id))
             .collect();
         let raw_date = item.get("question_date").and_then(Value::as_str);
         items.push(Item {

@@ -22,7 +22,7 @@
 //! key in the log has one answer, and a rebuilt memory gets back exactly what it was given.
 //!
 //! A replayed completion carries the token counts and latency of the call that produced it, so
-//! construction tokens (SPEC §6) are the same whether or not a call was replayed; the number of
+//! construction tokens (docs/algorithm.md, "Cost and token accounting") are the same whether or not a call was replayed; the number of
 //! replayed calls is reported, since they make wall time shorter.
 
 use lycheemem_core::{Error, Result};

@@ -343,7 +343,11 @@ impl Clock {
     }
 }
 
-/// Runs `spec` against `dataset`, appending to the checkpoints in `spec.out`.
+/// Runs `spec` against `dataset`, appending to the checkpoints in `spec.out`. The steps: select
+/// the questions and read what the results folder already holds ([`Checkpoints::load`]); start
+/// a builder for the memories later waves need ([`spawn_builder`]); then, wave by wave, plan its
+/// questions ([`plan_wave`]), wait for its memories ([`wait_for_wave`]), open them
+/// ([`open_wave`]) and evaluate and checkpoint its questions ([`evaluate_wave`]).
 pub fn run(
     dataset: &Dataset,
     spec: &RunSpec,
@@ -364,18 +368,7 @@ pub fn run(
         .iter()
         .map(|v| Variant::new(v, base))
         .collect::<Result<_>>()?;
-    for (variant, items) in &spec.variant_items {
-        if !spec.variants.contains(variant) {
-            anyhow::bail!("variant_items names {variant:?}, which is not among the run's variants");
-        }
-        for id in items {
-            if !dataset.items.iter().any(|i| i.id == *id) {
-                anyhow::bail!(
-                    "variant_items: {variant} on {id:?}, which is not an item of the dataset"
-                );
-            }
-        }
-    }
+    check_variant_items(dataset, spec)?;
     std::fs::create_dir_all(spec.out.join("predictions"))
         .with_context(|| format!("creating {}", spec.out.display()))?;
     std::fs::create_dir_all(&spec.cache)
@@ -389,69 +382,6 @@ pub fn run(
             v.construction_hash()
         ));
     }
-    let selected = select(dataset, spec);
-    let mut done: HashSet<(String, String)> = predictions(&spec.out)?
-        .into_iter()
-        .map(|p| (p.variant, p.question_id))
-        .collect();
-    let mut built: HashSet<(String, String)> = constructions(&spec.out)?
-        .into_iter()
-        .map(|c| (c.variant, c.report.item))
-        .collect();
-    // Plans are cached on the machine and kept in the results folder (see `PlanLogs`).
-    let mut plan_logs = PlanLogs {
-        shared: spec.cache.join("plans.jsonl"),
-        kept: spec.out.join("plans.jsonl"),
-        kept_keys: HashSet::new(),
-    };
-    let mut plans: HashMap<String, CachedPlan> = HashMap::new();
-    for p in read_lines::<CachedPlan>(&plan_logs.shared)? {
-        plans.insert(p.key.clone(), p);
-    }
-    for p in read_lines::<CachedPlan>(&plan_logs.kept)? {
-        plan_logs.kept_keys.insert(p.key.clone());
-        plans.insert(p.key.clone(), p);
-    }
-    let mut by_item: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, j) in &selected {
-        by_item.entry(*i).or_default().push(*j);
-    }
-    let allowed = |v: &Variant, item: &Item| {
-        spec.variant_items
-            .get(&v.name)
-            .is_none_or(|items| items.contains(&item.id))
-    };
-    let pending = |v: &Variant, item: &Item, qs: &[usize], done: &HashSet<(String, String)>| {
-        if !allowed(v, item) {
-            return Vec::new();
-        }
-        qs.iter()
-            .filter(|&&j| !done.contains(&(v.name.clone(), item.questions[j].id.clone())))
-            .copied()
-            .collect::<Vec<usize>>()
-    };
-    let total = by_item
-        .iter()
-        .map(|(i, qs)| {
-            variants
-                .iter()
-                .map(|v| pending(v, &dataset.items[*i], qs, &done).len())
-                .sum::<usize>()
-        })
-        .sum();
-    progress(format!(
-        "{} questions selected in {} items; {} predictions to make ({} variants)",
-        selected.len(),
-        by_item.len(),
-        total,
-        variants.len()
-    ));
-    let mut clock = Clock {
-        started: Instant::now(),
-        last_report: None,
-        done: 0,
-        total,
-    };
     // The encoder's calls are logged (in the results folder and the cache) and replayed when a
     // memory is rebuilt.
     let replay = Arc::new(crate::replay::ReplayLlm::with_shared_log(
@@ -459,12 +389,41 @@ pub fn run(
         &spec.out.join(ENCODER_CALLS),
         &spec.cache.join("encode-calls.jsonl"),
     )?);
-    let mut replaying = backends.components.clone();
-    replaying.encode_llm = replay.clone();
-    let comps = &replaying;
-    let groups = construction_groups(&variants);
-    let construction_hashes: Vec<String> =
-        variants.iter().map(Variant::construction_hash).collect();
+    let mut comps = backends.components.clone();
+    comps.encode_llm = replay.clone();
+    let construction_hashes = variants.iter().map(Variant::construction_hash).collect();
+    let ctx = RunContext {
+        dataset,
+        spec,
+        base,
+        backends,
+        variants,
+        comps,
+        construction_hashes,
+    };
+    let selected = select(dataset, spec);
+    let mut by_item: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, j) in &selected {
+        by_item.entry(*i).or_default().push(*j);
+    }
+    let mut ck = Checkpoints::load(spec)?;
+    let total = by_item
+        .iter()
+        .map(|(i, qs)| {
+            ctx.variants
+                .iter()
+                .map(|v| ctx.pending(v, *i, qs, &ck.done).len())
+                .sum::<usize>()
+        })
+        .sum();
+    ck.clock.total = total;
+    progress(format!(
+        "{} questions selected in {} items; {} predictions to make ({} variants)",
+        selected.len(),
+        by_item.len(),
+        total,
+        ctx.variants.len()
+    ));
     // Items are taken in waves of `WAVE_PER_JOB` × jobs. With several jobs, a builder thread builds
     // every missing memory in item order, `jobs` at a time (their encoder calls are decoded
     // together by a local LLM), without waiting for questions. A wave's questions are planned
@@ -475,84 +434,36 @@ pub fn run(
     // instead of after every memory is built. With one job, each memory is built when its wave
     // comes.
     let items: Vec<(usize, &Vec<usize>)> = by_item.iter().map(|(&i, qs)| (i, qs)).collect();
-    let waves: Vec<&[(usize, &Vec<usize>)]> =
-        items.chunks(spec.jobs.max(1) * WAVE_PER_JOB).collect();
-    let mut build_tasks: Vec<(usize, usize, &str, &Config)> = Vec::new();
-    let mut unbuilt = vec![0usize; waves.len()];
-    if spec.jobs > 1 {
-        for (w, wave) in waves.iter().enumerate() {
-            for &(i, qs) in *wave {
-                let item = &dataset.items[i];
-                for (hash, group) in &groups {
-                    let needed = group.iter().any(|v| {
-                        !pending(v, item, qs, &done).is_empty()
-                            || (allowed(v, item)
-                                && !built.contains(&(v.name.clone(), item.id.clone())))
-                    });
-                    if needed && !construct::is_built(&spec.cache, dataset.kind, item, hash) {
-                        build_tasks.push((w, i, hash.as_str(), &group[0].config));
-                        unbuilt[w] += 1;
-                    }
-                }
-            }
-        }
-    }
+    let waves: Vec<&Wave> = items.chunks(spec.jobs.max(1) * WAVE_PER_JOB).collect();
+    let (build_tasks, mut unbuilt) = if spec.jobs > 1 {
+        ctx.build_tasks(&waves, &ck)
+    } else {
+        (Vec::new(), vec![0; waves.len()])
+    };
     let stop_building = AtomicBool::new(false);
     let builder_finished = AtomicBool::new(false);
     let (lines_tx, lines_rx) = mpsc::channel::<String>();
-    // (wave, item, construction hash) of each memory built, or the builder's error.
-    let (built_tx, built_rx) = mpsc::channel::<Result<(usize, usize, String)>>();
+    let (built_tx, built_rx) = mpsc::channel::<Result<BuiltMemory>>();
     std::thread::scope(|scope| -> Result<()> {
         // However the calling thread leaves (an error, a panic), the builder starts no new
         // memory and stops the ones in progress at their next session.
         let _stop = SetOnDrop(&stop_building);
-        if !build_tasks.is_empty() {
+        if build_tasks.is_empty() {
+            drop((lines_tx, built_tx));
+        } else {
             progress(format!(
                 "building {} memories, {} at a time, ahead of their questions",
                 build_tasks.len(),
                 spec.jobs.min(build_tasks.len())
             ));
-            let (build_tasks, stop_building, builder_finished) =
-                (&build_tasks, &stop_building, &builder_finished);
-            scope.spawn(move || {
-                let mut say = |line: String| {
-                    let _ = lines_tx.send(line);
-                };
-                let result = for_each_parallel(
-                    spec.jobs,
-                    build_tasks,
-                    |&(w, i, hash, config), say| {
-                        if stop_building.load(Ordering::SeqCst) {
-                            anyhow::bail!("the run stopped");
-                        }
-                        construct::build_or_open(
-                            &spec.cache,
-                            dataset.kind,
-                            &dataset.items[i],
-                            config,
-                            hash,
-                            comps.clone(),
-                            Some(stop_building),
-                            say,
-                        )
-                        .map(|_| (w, i, hash.to_string()))
-                    },
-                    &mut say,
-                    |built, _| {
-                        let _ = built_tx.send(Ok(built));
-                        Ok(())
-                    },
-                );
-                builder_finished.store(true, Ordering::SeqCst);
-                if let Err(e) = result {
-                    // Shown at once: the calling thread sees the error only when it next waits
-                    // for a memory (after the wave's plans).
-                    say(format!("the memory builder stopped: {e:#}"));
-                    let _ = built_tx.send(Err(e));
-                }
-            });
-        } else {
-            drop((lines_tx, built_tx));
+            let builder = Builder {
+                tasks: &build_tasks,
+                stop: &stop_building,
+                finished: &builder_finished,
+                lines: lines_tx,
+                built: built_tx,
+            };
+            spawn_builder(scope, &ctx, builder);
         }
         // The builder's progress lines are passed on with the run's own.
         let mut say = |line: String| {
@@ -564,252 +475,16 @@ pub fn run(
         let progress: &mut dyn FnMut(String) = &mut say;
         // Memories the builder made in this run (the calling thread then opens them cached).
         let mut fresh: HashSet<(usize, String)> = HashSet::new();
-        let result = (|| -> Result<()> {
+        let mut run_waves = || -> Result<()> {
             for (w, &wave) in waves.iter().enumerate() {
-                // Plans need no memory: the wave's questions are planned while its memories are
-                // still being built, so plan and encoder calls share the LLM's batch.
-                for v in variants.iter().filter(|v| v.plans()) {
-                    let questions: Vec<&Question> = wave
-                        .iter()
-                        .flat_map(|&(i, qs)| {
-                            let item = &dataset.items[i];
-                            pending(v, item, qs, &done)
-                                .into_iter()
-                                .map(move |j| &item.questions[j])
-                        })
-                        .collect();
-                    prefetch_plans(
-                        &questions,
-                        v,
-                        comps,
-                        &mut plan_logs,
-                        &mut plans,
-                        spec.jobs,
-                        progress,
-                    )?;
-                }
-                while unbuilt[w] > 0 {
-                    match built_rx.try_recv() {
-                        Ok(Ok((x, i, hash))) => {
-                            unbuilt[x] -= 1;
-                            fresh.insert((i, hash));
-                        }
-                        Ok(Err(e)) => return Err(e),
-                        Err(mpsc::TryRecvError::Disconnected) => {
-                            anyhow::bail!("the memory builder stopped before wave {w}'s memories")
-                        }
-                        Err(mpsc::TryRecvError::Empty) => {
-                            if let Ok(line) = lines_rx.recv_timeout(Duration::from_millis(200)) {
-                                progress(line);
-                            }
-                        }
-                    }
-                }
-                // The wave's memories (by item and construction hash) and naive-RAG chunk indexes.
-                let mut memories: HashMap<(usize, &str), (Memory, Namespace)> = HashMap::new();
-                let mut indexes: HashMap<usize, ChunkIndex> = HashMap::new();
-                for &(i, qs) in wave {
-                    let item = &dataset.items[i];
-                    for (hash, group) in &groups {
-                        let need_questions = group
-                            .iter()
-                            .any(|v| !pending(v, item, qs, &done).is_empty());
-                        let need_report = group.iter().any(|v| {
-                            allowed(v, item) && !built.contains(&(v.name.clone(), item.id.clone()))
-                        });
-                        if !need_questions && !need_report {
-                            continue;
-                        }
-                        let (memory, report, cached) = construct::build_or_open(
-                            &spec.cache,
-                            dataset.kind,
-                            item,
-                            &group[0].config,
-                            hash,
-                            comps.clone(),
-                            None,
-                            progress,
-                        )?;
-                        let cached = cached && !fresh.contains(&(i, hash.clone()));
-                        progress(format!(
-                            "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
-                            item.id,
-                            if cached { "cached" } else { "built" },
-                            report.segments,
-                            report.records,
-                            report.tokens()
-                        ));
-                        for v in group.iter().filter(|v| allowed(v, item)) {
-                            if built.insert((v.name.clone(), item.id.clone())) {
-                                append_line(
-                                    &spec.out.join("construction.jsonl"),
-                                    &ConstructionLine {
-                                        variant: v.name.clone(),
-                                        report: report.clone(),
-                                    },
-                                )?;
-                            }
-                        }
-                        // A memory opened only for its report line is closed again at once.
-                        if need_questions {
-                            let ns = construct::namespace(dataset.kind, &item.id)?;
-                            memories.insert((i, hash.as_str()), (memory, ns));
-                        }
-                    }
-                    let mut naive_pending = false;
-                    for v in variants.iter().filter(|v| v.kind == VariantKind::NaiveRag) {
-                        naive_pending |= !pending(v, item, qs, &done).is_empty();
-                        // Naive RAG builds nothing an LLM pays for; its report line records the
-                        // item's turns, written before its questions so a stopped run never lacks it.
-                        if allowed(v, item) && built.insert((v.name.clone(), item.id.clone())) {
-                            append_line(
-                                &spec.out.join("construction.jsonl"),
-                                &ConstructionLine {
-                                    variant: v.name.clone(),
-                                    report: ConstructionReport {
-                                        item: item.id.clone(),
-                                        hash: "none".into(),
-                                        turns: item
-                                            .sessions
-                                            .iter()
-                                            .map(|s| s.turns.len() as u64)
-                                            .sum(),
-                                        embedder: base.models.embedder.clone(),
-                                        ..Default::default()
-                                    },
-                                },
-                            )?;
-                        }
-                    }
-                    if naive_pending {
-                        indexes.insert(
-                            i,
-                            ChunkIndex::build(
-                                item,
-                                spec.naive_chunk_turns,
-                                comps.embedder.as_ref(),
-                            )?,
-                        );
-                    }
-                }
-                // (item, variant, question) to evaluate; `full_context` apart, one at a time, so every
-                // call reuses the cached history prefix and prefills only its question.
-                let mut tasks: Vec<(usize, usize, usize)> = Vec::new();
-                let mut full_context_tasks: Vec<(usize, usize, usize)> = Vec::new();
-                for &(i, qs) in wave {
-                    for (vi, v) in variants.iter().enumerate() {
-                        for j in pending(v, &dataset.items[i], qs, &done) {
-                            if v.kind == VariantKind::FullContext {
-                                full_context_tasks.push((i, vi, j));
-                            } else {
-                                tasks.push((i, vi, j));
-                            }
-                        }
-                    }
-                }
-                let (plans, memories, indexes) = (&plans, &memories, &indexes);
-                let evaluate = |&(i, vi, j): &(usize, usize, usize),
-                                _: &mut dyn FnMut(String)|
-                 -> Result<Prediction> {
-                    let (item, v) = (&dataset.items[i], &variants[vi]);
-                    let q = &item.questions[j];
-                    let clock_q = Instant::now();
-                    let mut config = v.config.clone();
-                    let (evidence, mut p) = match v.kind {
-                        VariantKind::Memory => {
-                            let (memory, ns) = memories
-                                .get(&(i, construction_hashes[vi].as_str()))
-                                .ok_or_else(|| {
-                                    anyhow::anyhow!("no memory opened for {}", item.id)
-                                })?;
-                            let retriever = Retriever {
-                                store: memory.store(),
-                                embedder: comps.embedder.as_ref(),
-                                reranker: comps.reranker.as_deref(),
-                                planner: None,
-                                cfg: &v.config.retrieval,
-                            };
-                            let cached_plan = if v.plans() {
-                                let key = plan_key(q, v, comps);
-                                Some(plans.get(&key).cloned().ok_or_else(|| {
-                                    anyhow::anyhow!("no plan was made for question {}", q.id)
-                                })?)
-                            } else {
-                                None
-                            };
-                            let result = retriever.search(
-                                ns,
-                                &SearchRequest {
-                                    question: &q.question,
-                                    context: "",
-                                    reference_date: q.date.as_deref(),
-                                    top_k: spec.top_k,
-                                    plan: cached_plan.as_ref().map(|p| &p.plan),
-                                    trace: true,
-                                    cancel: Default::default(),
-                                },
-                            )?;
-                            let retrieval_ms: f64 = result
-                                .timings
-                                .iter()
-                                .filter(|(k, _)| **k != "plan")
-                                .map(|(_, v)| v)
-                                .sum();
-                            let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
-                            p.stages = stage_scores(q, &result.stages);
-                            if let Some(c) = &cached_plan {
-                                p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
-                                p.llm_calls += u32::from(c.usage.is_some());
-                                p.plan_fallback.clone_from(&c.fallback);
-                            } else {
-                                p.plan_fallback = Some("planner disabled".into());
-                            }
-                            (result.evidence, p)
-                        }
-                        VariantKind::NaiveRag => {
-                            let index = indexes.get(&i).ok_or_else(|| {
-                                anyhow::anyhow!("no chunk index built for {}", item.id)
-                            })?;
-                            let evidence = index.search(
-                                &q.question,
-                                spec.top_k.max(1),
-                                comps.embedder.as_ref(),
-                            )?;
-                            let ms = clock_q.elapsed().as_secs_f64() * 1e3;
-                            let p = base_prediction(v, item, q, &evidence, ms);
-                            (evidence, p)
-                        }
-                        VariantKind::FullContext => {
-                            let context = comps.answer_llm.context_length().unwrap_or(32_768);
-                            let budget = context.saturating_sub(spec.full_context_reserve);
-                            let (evidence, dropped) = baseline::full_context(item, budget)?;
-                            config.answer.evidence_item_chars = usize::MAX;
-                            let ms = clock_q.elapsed().as_secs_f64() * 1e3;
-                            let mut p = base_prediction(v, item, q, &evidence, ms);
-                            p.note = (dropped > 0).then(|| {
-                                format!(
-                                    "truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens",
-                                    evidence.len()
-                                )
-                            });
-                            (evidence, p)
-                        }
-                    };
-                    finish(&mut p, dataset.kind, q, &evidence, &config, spec, backends)?;
-                    Ok(p)
-                };
-                let mut save = |p: Prediction, progress: &mut dyn FnMut(String)| {
-                    let file = spec
-                        .out
-                        .join("predictions")
-                        .join(format!("{}.jsonl", p.variant));
-                    checkpoint(&file, p, &mut clock, &mut done, progress)
-                };
-                for_each_parallel(spec.jobs, &tasks, evaluate, progress, &mut save)?;
-                for_each_parallel(1, &full_context_tasks, evaluate, progress, &mut save)?;
+                plan_wave(&ctx, wave, &mut ck, progress)?;
+                wait_for_wave(w, &mut unbuilt, &built_rx, &lines_rx, &mut fresh, progress)?;
+                let opened = open_wave(&ctx, wave, &mut ck, &fresh, progress)?;
+                evaluate_wave(&ctx, wave, &opened, &mut ck, progress)?;
             }
             Ok(())
-        })();
+        };
+        let result = run_waves();
         stop_building.store(true, Ordering::SeqCst);
         if result.is_err() && !build_tasks.is_empty() && !builder_finished.load(Ordering::SeqCst) {
             progress(
@@ -834,6 +509,563 @@ pub fn run(
         ));
     }
     Ok(())
+}
+
+/// Items of one wave: each item's index with the indexes of its selected questions.
+type Wave<'a> = [(usize, &'a Vec<usize>)];
+
+/// A memory the background builder made: (wave, item, construction hash).
+type BuiltMemory = (usize, usize, String);
+
+/// `spec.variant_items` may only name variants of the run and items of the dataset.
+fn check_variant_items(dataset: &Dataset, spec: &RunSpec) -> Result<()> {
+    for (variant, items) in &spec.variant_items {
+        if !spec.variants.contains(variant) {
+            anyhow::bail!("variant_items names {variant:?}, which is not among the run's variants");
+        }
+        for id in items {
+            if !dataset.items.iter().any(|i| i.id == *id) {
+                anyhow::bail!(
+                    "variant_items: {variant} on {id:?}, which is not an item of the dataset"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a run does not change: its data, settings, variants and backends (the encoder
+/// replaying logged calls).
+struct RunContext<'a> {
+    dataset: &'a Dataset,
+    spec: &'a RunSpec,
+    base: &'a Config,
+    backends: &'a Backends,
+    variants: Vec<Variant>,
+    comps: Components,
+    /// Parallel to `variants`.
+    construction_hashes: Vec<String>,
+}
+
+/// What the results folder already holds, kept up to date as the run checkpoints.
+struct Checkpoints {
+    /// (variant, question id) of every prediction made.
+    done: HashSet<(String, String)>,
+    /// (variant, item id) of every construction report written.
+    built: HashSet<(String, String)>,
+    plans: HashMap<String, CachedPlan>,
+    plan_logs: PlanLogs,
+    clock: Clock,
+}
+
+impl Checkpoints {
+    fn load(spec: &RunSpec) -> Result<Checkpoints> {
+        let done = predictions(&spec.out)?
+            .into_iter()
+            .map(|p| (p.variant, p.question_id))
+            .collect();
+        let built = constructions(&spec.out)?
+            .into_iter()
+            .map(|c| (c.variant, c.report.item))
+            .collect();
+        // Plans are cached on the machine and kept in the results folder (see `PlanLogs`).
+        let mut plan_logs = PlanLogs {
+            shared: spec.cache.join("plans.jsonl"),
+            kept: spec.out.join("plans.jsonl"),
+            kept_keys: HashSet::new(),
+        };
+        let mut plans: HashMap<String, CachedPlan> = HashMap::new();
+        for p in read_lines::<CachedPlan>(&plan_logs.shared)? {
+            plans.insert(p.key.clone(), p);
+        }
+        for p in read_lines::<CachedPlan>(&plan_logs.kept)? {
+            plan_logs.kept_keys.insert(p.key.clone());
+            plans.insert(p.key.clone(), p);
+        }
+        Ok(Checkpoints {
+            done,
+            built,
+            plans,
+            plan_logs,
+            clock: Clock {
+                started: Instant::now(),
+                last_report: None,
+                done: 0,
+                total: 0,
+            },
+        })
+    }
+
+    /// Writes a construction report line for (variant, item) unless the folder has one.
+    fn report_construction(
+        &mut self,
+        spec: &RunSpec,
+        variant: &str,
+        report: &ConstructionReport,
+    ) -> Result<()> {
+        if self
+            .built
+            .insert((variant.to_string(), report.item.clone()))
+        {
+            append_line(
+                &spec.out.join("construction.jsonl"),
+                &ConstructionLine {
+                    variant: variant.to_string(),
+                    report: report.clone(),
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl RunContext<'_> {
+    /// Whether variant `v` runs on `item` (`spec.variant_items`).
+    fn allowed(&self, v: &Variant, item: &Item) -> bool {
+        self.spec
+            .variant_items
+            .get(&v.name)
+            .is_none_or(|items| items.contains(&item.id))
+    }
+
+    /// The selected questions `qs` of item `i` that variant `v` has yet to answer.
+    fn pending(
+        &self,
+        v: &Variant,
+        i: usize,
+        qs: &[usize],
+        done: &HashSet<(String, String)>,
+    ) -> Vec<usize> {
+        let item = &self.dataset.items[i];
+        if !self.allowed(v, item) {
+            return Vec::new();
+        }
+        qs.iter()
+            .filter(|&&j| !done.contains(&(v.name.clone(), item.questions[j].id.clone())))
+            .copied()
+            .collect()
+    }
+
+    /// Whether variant `v` still needs a construction report for item `i`.
+    fn needs_report(&self, v: &Variant, i: usize, ck: &Checkpoints) -> bool {
+        let item = &self.dataset.items[i];
+        self.allowed(v, item) && !ck.built.contains(&(v.name.clone(), item.id.clone()))
+    }
+
+    /// The memories missing from the cache that the waves need, with how many each wave waits
+    /// for.
+    fn build_tasks(&self, waves: &[&Wave], ck: &Checkpoints) -> (Vec<BuildTask<'_>>, Vec<usize>) {
+        let mut tasks = Vec::new();
+        let mut unbuilt = vec![0usize; waves.len()];
+        for (w, wave) in waves.iter().enumerate() {
+            for &(i, qs) in *wave {
+                let item = &self.dataset.items[i];
+                for (hash, group) in construction_groups(&self.variants) {
+                    let needed = group.iter().any(|v| {
+                        !self.pending(v, i, qs, &ck.done).is_empty() || self.needs_report(v, i, ck)
+                    });
+                    if needed
+                        && !construct::is_built(&self.spec.cache, self.dataset.kind, item, &hash)
+                    {
+                        tasks.push(BuildTask {
+                            wave: w,
+                            item: i,
+                            hash,
+                            config: &group[0].config,
+                        });
+                        unbuilt[w] += 1;
+                    }
+                }
+            }
+        }
+        (tasks, unbuilt)
+    }
+}
+
+/// One memory for the background builder to make.
+struct BuildTask<'a> {
+    wave: usize,
+    item: usize,
+    hash: String,
+    config: &'a Config,
+}
+
+/// The background builder's inputs and its ways of reporting.
+struct Builder<'a> {
+    tasks: &'a [BuildTask<'a>],
+    /// Raised by the calling thread when it leaves: no new memory is started and the ones in
+    /// progress stop at their next session.
+    stop: &'a AtomicBool,
+    finished: &'a AtomicBool,
+    lines: mpsc::Sender<String>,
+    built: mpsc::Sender<Result<BuiltMemory>>,
+}
+
+/// Builds every task's memory, `jobs` at a time, on a thread of `scope`; sends each built memory
+/// (or the error that stopped the builder) and its progress lines.
+fn spawn_builder<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    ctx: &'env RunContext<'env>,
+    builder: Builder<'env>,
+) {
+    scope.spawn(move || {
+        let Builder {
+            tasks,
+            stop,
+            finished,
+            lines,
+            built,
+        } = builder;
+        let mut say = |line: String| {
+            let _ = lines.send(line);
+        };
+        let result = for_each_parallel(
+            ctx.spec.jobs,
+            tasks,
+            |task, say| {
+                if stop.load(Ordering::SeqCst) {
+                    anyhow::bail!("the run stopped");
+                }
+                construct::build_or_open(
+                    &ctx.spec.cache,
+                    ctx.dataset.kind,
+                    &ctx.dataset.items[task.item],
+                    task.config,
+                    &task.hash,
+                    ctx.comps.clone(),
+                    Some(stop),
+                    say,
+                )
+                .map(|_| (task.wave, task.item, task.hash.clone()))
+            },
+            &mut say,
+            |memory, _| {
+                let _ = built.send(Ok(memory));
+                Ok(())
+            },
+        );
+        finished.store(true, Ordering::SeqCst);
+        if let Err(e) = result {
+            // Shown at once: the calling thread sees the error only when it next waits for a
+            // memory (after the wave's plans).
+            say(format!("the memory builder stopped: {e:#}"));
+            let _ = built.send(Err(e));
+        }
+    });
+}
+
+/// Plans the wave's pending questions for every planning variant (plans need no memory, so
+/// this runs while the wave's memories are still being built, and plan and encoder calls share
+/// the LLM's batch).
+fn plan_wave(
+    ctx: &RunContext,
+    wave: &Wave,
+    ck: &mut Checkpoints,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    for v in ctx.variants.iter().filter(|v| v.plans()) {
+        let questions: Vec<&Question> = wave
+            .iter()
+            .flat_map(|&(i, qs)| {
+                let item = &ctx.dataset.items[i];
+                ctx.pending(v, i, qs, &ck.done)
+                    .into_iter()
+                    .map(move |j| &item.questions[j])
+            })
+            .collect();
+        prefetch_plans(
+            &questions,
+            v,
+            &ctx.comps,
+            &mut ck.plan_logs,
+            &mut ck.plans,
+            ctx.spec.jobs,
+            progress,
+        )?;
+    }
+    Ok(())
+}
+
+/// Waits until the builder has made every memory wave `w` needs, passing its progress lines on.
+fn wait_for_wave(
+    w: usize,
+    unbuilt: &mut [usize],
+    built: &mpsc::Receiver<Result<BuiltMemory>>,
+    lines: &mpsc::Receiver<String>,
+    fresh: &mut HashSet<(usize, String)>,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    while unbuilt[w] > 0 {
+        match built.try_recv() {
+            Ok(Ok((x, i, hash))) => {
+                unbuilt[x] -= 1;
+                fresh.insert((i, hash));
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                anyhow::bail!("the memory builder stopped before wave {w}'s memories")
+            }
+            Err(mpsc::TryRecvError::Empty) => {
+                if let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+                    progress(line);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A wave's memories (by item and construction hash) and naive-RAG chunk indexes (by item).
+struct OpenWave {
+    memories: HashMap<(usize, String), (Memory, Namespace)>,
+    indexes: HashMap<usize, ChunkIndex>,
+}
+
+/// Opens (building if needed) the memories the wave's questions need, writes the construction
+/// reports the folder lacks, and builds the naive-RAG chunk indexes.
+fn open_wave(
+    ctx: &RunContext,
+    wave: &Wave,
+    ck: &mut Checkpoints,
+    fresh: &HashSet<(usize, String)>,
+    progress: &mut dyn FnMut(String),
+) -> Result<OpenWave> {
+    let mut opened = OpenWave {
+        memories: HashMap::new(),
+        indexes: HashMap::new(),
+    };
+    for &(i, qs) in wave {
+        let item = &ctx.dataset.items[i];
+        for (hash, group) in construction_groups(&ctx.variants) {
+            let need_questions = group
+                .iter()
+                .any(|v| !ctx.pending(v, i, qs, &ck.done).is_empty());
+            let need_report = group.iter().any(|v| ctx.needs_report(v, i, ck));
+            if !need_questions && !need_report {
+                continue;
+            }
+            let (memory, report, cached) = construct::build_or_open(
+                &ctx.spec.cache,
+                ctx.dataset.kind,
+                item,
+                &group[0].config,
+                &hash,
+                ctx.comps.clone(),
+                None,
+                progress,
+            )?;
+            let cached = cached && !fresh.contains(&(i, hash.clone()));
+            progress(format!(
+                "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
+                item.id,
+                if cached { "cached" } else { "built" },
+                report.segments,
+                report.records,
+                report.tokens()
+            ));
+            for v in group.iter().filter(|v| ctx.allowed(v, item)) {
+                ck.report_construction(ctx.spec, &v.name, &report)?;
+            }
+            // A memory opened only for its report line is closed again at once.
+            if need_questions {
+                let ns = construct::namespace(ctx.dataset.kind, &item.id)?;
+                opened.memories.insert((i, hash), (memory, ns));
+            }
+        }
+        let mut naive_pending = false;
+        for v in ctx
+            .variants
+            .iter()
+            .filter(|v| v.kind == VariantKind::NaiveRag)
+        {
+            naive_pending |= !ctx.pending(v, i, qs, &ck.done).is_empty();
+            // Naive RAG builds nothing an LLM pays for; its report line records the item's
+            // turns, written before its questions so a stopped run never lacks it.
+            if ctx.allowed(v, item) {
+                let report = ConstructionReport {
+                    item: item.id.clone(),
+                    hash: "none".into(),
+                    turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
+                    embedder: ctx.base.models.embedder.clone(),
+                    ..Default::default()
+                };
+                ck.report_construction(ctx.spec, &v.name, &report)?;
+            }
+        }
+        if naive_pending {
+            let index = ChunkIndex::build(
+                item,
+                ctx.spec.naive_chunk_turns,
+                ctx.comps.embedder.as_ref(),
+            )?;
+            opened.indexes.insert(i, index);
+        }
+    }
+    Ok(opened)
+}
+
+/// One question to evaluate: (item, variant, question) indexes.
+type Task = (usize, usize, usize);
+
+/// Evaluates every pending question of the wave, `jobs` at a time, checkpointing each
+/// prediction as it arrives; `full_context` apart, one at a time, so every call reuses the
+/// cached history prefix and prefills only its question.
+fn evaluate_wave(
+    ctx: &RunContext,
+    wave: &Wave,
+    opened: &OpenWave,
+    ck: &mut Checkpoints,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    let mut tasks: Vec<Task> = Vec::new();
+    let mut full_context_tasks: Vec<Task> = Vec::new();
+    for &(i, qs) in wave {
+        for (vi, v) in ctx.variants.iter().enumerate() {
+            for j in ctx.pending(v, i, qs, &ck.done) {
+                if v.kind == VariantKind::FullContext {
+                    full_context_tasks.push((i, vi, j));
+                } else {
+                    tasks.push((i, vi, j));
+                }
+            }
+        }
+    }
+    let Checkpoints {
+        done, plans, clock, ..
+    } = ck;
+    let plans = &*plans;
+    let work = |&task: &Task, _: &mut dyn FnMut(String)| evaluate(ctx, task, opened, plans);
+    let mut save = |p: Prediction, progress: &mut dyn FnMut(String)| {
+        let file = ctx
+            .spec
+            .out
+            .join("predictions")
+            .join(format!("{}.jsonl", p.variant));
+        checkpoint(&file, p, clock, done, progress)
+    };
+    for_each_parallel(ctx.spec.jobs, &tasks, work, progress, &mut save)?;
+    for_each_parallel(1, &full_context_tasks, work, progress, &mut save)
+}
+
+/// One question under one variant: its evidence, then (unless retrieval-only) its answer and
+/// judgement.
+fn evaluate(
+    ctx: &RunContext,
+    (i, vi, j): Task,
+    opened: &OpenWave,
+    plans: &HashMap<String, CachedPlan>,
+) -> Result<Prediction> {
+    let (item, v) = (&ctx.dataset.items[i], &ctx.variants[vi]);
+    let q = &item.questions[j];
+    let started = Instant::now();
+    let mut config = v.config.clone();
+    let (evidence, mut p) = match v.kind {
+        VariantKind::Memory => {
+            let (memory, ns) = opened
+                .memories
+                .get(&(i, ctx.construction_hashes[vi].clone()))
+                .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
+            let cached_plan = if v.plans() {
+                let key = plan_key(q, v, &ctx.comps);
+                Some(
+                    plans
+                        .get(&key)
+                        .cloned()
+                        .ok_or_else(|| anyhow::anyhow!("no plan was made for question {}", q.id))?,
+                )
+            } else {
+                None
+            };
+            search_memory(ctx, v, item, q, memory, ns, cached_plan.as_ref())?
+        }
+        VariantKind::NaiveRag => {
+            let index = opened
+                .indexes
+                .get(&i)
+                .ok_or_else(|| anyhow::anyhow!("no chunk index built for {}", item.id))?;
+            let evidence = index.search(
+                &q.question,
+                ctx.spec.top_k.max(1),
+                ctx.comps.embedder.as_ref(),
+            )?;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            let p = base_prediction(v, item, q, &evidence, ms);
+            (evidence, p)
+        }
+        VariantKind::FullContext => {
+            let context = ctx.comps.answer_llm.context_length().unwrap_or(32_768);
+            let budget = context.saturating_sub(ctx.spec.full_context_reserve);
+            let (evidence, dropped) = baseline::full_context(item, budget)?;
+            config.answer.evidence_item_chars = usize::MAX;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            let mut p = base_prediction(v, item, q, &evidence, ms);
+            p.note = (dropped > 0).then(|| {
+                format!(
+                    "truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens",
+                    evidence.len()
+                )
+            });
+            (evidence, p)
+        }
+    };
+    finish(
+        &mut p,
+        ctx.dataset.kind,
+        q,
+        &evidence,
+        &config,
+        ctx.spec,
+        ctx.backends,
+    )?;
+    Ok(p)
+}
+
+/// A memory variant's retrieval for one question, with the logged plan (or none when the
+/// variant does not plan), traced for the stage table.
+fn search_memory(
+    ctx: &RunContext,
+    v: &Variant,
+    item: &Item,
+    q: &Question,
+    memory: &Memory,
+    ns: &Namespace,
+    cached_plan: Option<&CachedPlan>,
+) -> Result<(Vec<EvidenceItem>, Prediction)> {
+    let retriever = Retriever {
+        store: memory.store(),
+        embedder: ctx.comps.embedder.as_ref(),
+        reranker: ctx.comps.reranker.as_deref(),
+        planner: None,
+        cfg: &v.config.retrieval,
+    };
+    let result = retriever.search(
+        ns,
+        &SearchRequest {
+            question: &q.question,
+            context: "",
+            reference_date: q.date.as_deref(),
+            top_k: ctx.spec.top_k,
+            plan: cached_plan.map(|p| &p.plan),
+            trace: true,
+            cancel: Default::default(),
+        },
+    )?;
+    let retrieval_ms: f64 = result
+        .timings
+        .iter()
+        .filter(|(k, _)| **k != "plan")
+        .map(|(_, v)| v)
+        .sum();
+    let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
+    p.stages = stage_scores(q, &result.stages);
+    if let Some(c) = cached_plan {
+        p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
+        p.llm_calls += u32::from(c.usage.is_some());
+        p.plan_fallback.clone_from(&c.fallback);
+    } else {
+        p.plan_fallback = Some("planner disabled".into());
+    }
+    Ok((result.evidence, p))
 }
 
 /// Sets its flag when dropped (also while a panic unwinds).

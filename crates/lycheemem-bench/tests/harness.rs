@@ -799,8 +799,8 @@ fn a_report_lists_every_run_recorded_in_its_folder() {
         config_hashes: [("full".to_string(), hash.to_string())].into(),
         ..Default::default()
     };
-    let first = run("lycheemem bench run --items conv-1", "h1");
-    let second = run("lycheemem bench run --items conv-2", "h1");
+    let first = run("lycheemem-bench run --items conv-1", "h1");
+    let second = run("lycheemem-bench run --items conv-2", "h1");
     assert!(latest_run(&out).is_err(), "nothing recorded yet");
     record_run(&out, &first).unwrap();
     record_run(&out, &second).unwrap();
@@ -808,17 +808,17 @@ fn a_report_lists_every_run_recorded_in_its_folder() {
     assert_eq!(latest_run(&out).unwrap().command, second.command);
     let md = write_reports(&out, &second).unwrap();
     assert!(
-        md.contains("- latest command: `lycheemem bench run --items conv-2`"),
+        md.contains("- latest command: `lycheemem-bench run --items conv-2`"),
         "{md}"
     );
     assert!(md.contains("## Runs recorded in this folder"), "{md}");
     assert!(
-        md.contains("| full (h1) | `lycheemem bench run --items conv-1` |"),
+        md.contains("| full (h1) | `lycheemem-bench run --items conv-1` |"),
         "{md}"
     );
     assert!(!md.contains("config hashes"), "{md}");
     // A later run of the same variant under another configuration is called out.
-    let third = run("lycheemem bench run --items conv-3 | tee log", "h2");
+    let third = run("lycheemem-bench run --items conv-3 | tee log", "h2");
     record_run(&out, &third).unwrap();
     let md = write_reports(&out, &third).unwrap();
     assert!(
@@ -834,12 +834,12 @@ fn a_report_lists_every_run_recorded_in_its_folder() {
     write_reports(&out, &latest_run(&out).unwrap()).unwrap();
     assert_eq!(runs(&out).unwrap().len(), 3);
     // A run killed after an earlier one wrote `run.json` is still the latest one.
-    let fourth = run("lycheemem bench run --items conv-4", "h2");
+    let fourth = run("lycheemem-bench run --items conv-4", "h2");
     record_run(&out, &fourth).unwrap();
     assert_eq!(latest_run(&out).unwrap().command, fourth.command);
     let md = write_reports(&out, &latest_run(&out).unwrap()).unwrap();
     assert!(
-        md.contains("- latest command: `lycheemem bench run --items conv-4`"),
+        md.contains("- latest command: `lycheemem-bench run --items conv-4`"),
         "{md}"
     );
 }

@@ -4,15 +4,15 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use lycheemem::store::*;
 use lycheemem::{Memory, QueryOptions, SearchResult};
 use lycheemem_core::{Namespace, SessionId};
-use lycheemem_store::prelude::*;
 use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::conversation_formats::{self, Format};
 use crate::settings::MemoryArgs;
+use lycheemem::formats::{self, Format};
 
 #[derive(Args)]
 pub struct IngestArgs {
@@ -20,7 +20,7 @@ pub struct IngestArgs {
     pub memory: MemoryArgs,
     /// Conversation file (see `--format`).
     pub file: PathBuf,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = format_parser())]
     pub format: Format,
     /// Session id for `chat` files (default: the file name).
     #[arg(long)]
@@ -34,6 +34,13 @@ pub struct IngestArgs {
     /// Leave sessions open (no flush at the end of each session).
     #[arg(long)]
     pub no_flush: bool,
+}
+
+/// `--format`: one of [`Format::ALL`] by name.
+fn format_parser() -> impl clap::builder::TypedValueParser<Value = Format> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(Format::ALL.map(|(name, _)| name))
+        .map(|name| name.parse().unwrap_or(Format::Auto))
 }
 
 #[derive(Args)]
@@ -155,12 +162,13 @@ const INGEST_BATCH: usize = 8;
 const PROGRESS_LINE_EVERY: u64 = 1000;
 
 pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
-    let mut conversations = conversation_formats::read(
+    let mut conversations = formats::read(
         &args.file,
         args.format,
         args.session.as_deref(),
         args.date.as_deref(),
-    )?;
+    )?
+    .conversations;
     if let Some(limit) = args.limit {
         conversations.truncate(limit);
     }
@@ -201,7 +209,7 @@ pub fn ingest(models_dir: &Path, args: IngestArgs) -> Result<()> {
     };
     let mut next_note = PROGRESS_LINE_EVERY;
     for conv in conversations {
-        let ns = match &conv.namespace_suffix {
+        let ns = match &conv.name {
             Some(s) => Namespace::new(format!("{base}.{}", sanitize(s)))?,
             None => base.clone(),
         };
@@ -376,29 +384,17 @@ pub fn search(models_dir: &Path, args: AskArgs) -> Result<()> {
 }
 
 /// The store and namespace of a models-free command; the namespace must hold memory.
-fn store_and_namespace(args: &MemoryArgs) -> Result<(lycheemem_store::Store, Namespace)> {
-    let store = open_store(args)?;
+fn store_and_namespace(args: &MemoryArgs) -> Result<(Box<dyn MemoryStore>, Namespace)> {
+    let store = Memory::open_store(&args.store, &args.config()?)?;
     let ns = args.namespace()?;
     if !store.has_namespace(&ns)? {
-        bail!("namespace {ns} has no memory in {}", args.store.display());
+        return Err(lycheemem::core::Error::NotFound(format!(
+            "namespace {ns} has no memory in {}",
+            args.store.display()
+        ))
+        .into());
     }
     Ok((store, ns))
-}
-
-/// Opens only the store (no models) for read-only inspection.
-fn open_store(args: &MemoryArgs) -> Result<lycheemem_store::Store> {
-    if !args.store.join("store.redb").exists() {
-        bail!(
-            "no store at {} (ingest something first, or pass --store)",
-            args.store.display()
-        );
-    }
-    let cfg = args.config()?;
-    // Dimension 0: open with whatever dimension the store was created with.
-    let dims = 0;
-    let mut options = lycheemem_store::StoreOptions::new(dims);
-    options.index = cfg.store.clone();
-    Ok(lycheemem_store::Store::open(&args.store, options)?)
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
@@ -429,8 +425,10 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
         InspectWhat::Segments { session } => {
             for row in store.segments(&ns, &known_session(session)?)? {
                 let outcome = match &row.outcome {
-                    lycheemem_store::SegmentOutcome::Encoded => "encoded".to_string(),
-                    lycheemem_store::SegmentOutcome::Failed { error } => format!("FAILED: {error}"),
+                    lycheemem::store::SegmentOutcome::Encoded => "encoded".to_string(),
+                    lycheemem::store::SegmentOutcome::Failed { error } => {
+                        format!("FAILED: {error}")
+                    }
                 };
                 writeln!(
                     out,
@@ -513,7 +511,7 @@ pub fn export(args: ExportArgs) -> Result<()> {
     let lines = store.export(
         &ns,
         &mut file,
-        lycheemem_store::ExportOptions {
+        lycheemem::store::ExportOptions {
             include_vectors: args.vectors,
         },
     )?;
@@ -580,8 +578,9 @@ pub fn rederive(models_dir: &Path, args: RederiveArgs) -> Result<()> {
 }
 
 /// Reads the sessions of a file for the demo (same formats as ingest).
-pub fn sessions_of(path: &Path) -> Result<Vec<conversation_formats::Session>> {
-    Ok(conversation_formats::read(path, Format::Auto, None, None)?
+pub fn sessions_of(path: &Path) -> Result<Vec<formats::Session>> {
+    Ok(formats::read(path, Format::Auto, None, None)?
+        .conversations
         .into_iter()
         .flat_map(|c| c.sessions)
         .collect())

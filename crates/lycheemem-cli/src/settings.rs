@@ -10,6 +10,22 @@ use lycheemem_core::{Config, Namespace};
 use lycheemem_models::FetchEvent;
 use std::path::{Path, PathBuf};
 
+/// `--models-dir`, shared by every command of both binaries.
+#[derive(Args, Clone, Debug)]
+pub struct ModelsDir {
+    /// Models folder (default: ./models of the enclosing checkout, or $LYCHEEMEM_MODELS).
+    #[arg(long = "models-dir", global = true, env = "LYCHEEMEM_MODELS")]
+    dir: Option<PathBuf>,
+}
+
+impl ModelsDir {
+    /// The folder given, or the default one.
+    pub fn resolve(self) -> PathBuf {
+        self.dir
+            .unwrap_or_else(lycheemem_models::default_models_dir)
+    }
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct MemoryArgs {
     /// Store directory.
@@ -122,7 +138,7 @@ pub fn load_components(cfg: &Config, models_dir: &Path) -> Result<Components> {
         if bar.is_hidden() {
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
         }
-        crate::models_cmd::show_fetch_event(&bar, event);
+        crate::fetch_progress::show_fetch_event(&bar, event);
     };
     let components = Components::from_config(cfg, models_dir, &mut on_fetch)?;
     bar.finish_and_clear();

@@ -319,7 +319,23 @@ fn memory_command_mistakes_are_one_clear_line() {
     assert!(stderr.contains("no-such-embedder"), "{stderr}");
     // No store at all.
     let stderr = stderr_of(memory_cmd(&tmp.path().join("elsewhere"), &url).args(["stats"]));
-    assert!(stderr.contains("no store"), "{stderr}");
+    assert!(
+        stderr.contains("no store") && stderr.contains("hint: check --store"),
+        "{stderr}"
+    );
+    // A store another process holds: the hint comes from the error's kind.
+    let held = lycheemem::Memory::open_store(
+        tmp.path().join("store"),
+        &lycheemem::core::Config::default(),
+    )
+    .unwrap();
+    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args(["stats"]));
+    assert!(
+        stderr.contains("already open in another process")
+            && stderr.contains("hint: another lycheemem process uses this store"),
+        "{stderr}"
+    );
+    drop(held);
 }
 
 #[test]

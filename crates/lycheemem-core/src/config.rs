@@ -1,6 +1,6 @@
-//! The typed configuration: every constant of the LycheeMemory V2 algorithm (SPEC.md) with the
-//! paper's value as the default, plus [`Config::reference_code`], the preset with the values of
-//! the authors' public implementation where it differs from the paper.
+//! The typed configuration: every constant of the LycheeMemory V2 algorithm (docs/algorithm.md)
+//! with the paper's value as the default, plus [`Config::reference_code`], the preset with the
+//! values of the authors' public implementation where it differs from the paper.
 //!
 //! Configs are read from TOML. Every section and field is optional (missing ones take the
 //! default) and unknown keys are rejected, so a typo never silently falls back to a default.
@@ -162,7 +162,7 @@ impl Default for ModelsConfig {
     }
 }
 
-/// Segmentation policy (SPEC §1 and its ablations).
+/// Segmentation policy (docs/algorithm.md, "Order of decisions": the method and its ablations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SegmentPolicy {
@@ -174,7 +174,7 @@ pub enum SegmentPolicy {
     FixedWindow,
 }
 
-/// Online semantic segmentation (SPEC §1).
+/// Online semantic segmentation (docs/algorithm.md, "Segmentation").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SegmentConfig {
@@ -293,7 +293,7 @@ pub enum RecordStyle {
     SummaryRecords,
 }
 
-/// Segment encoding (SPEC §2).
+/// Segment encoding (docs/algorithm.md, "Encoding").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EncodeConfig {
@@ -345,7 +345,7 @@ impl Default for EncodeConfig {
     }
 }
 
-/// Structured evidence organization (SPEC §3).
+/// Structured evidence organization (docs/algorithm.md, "Evidence nodes").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OrganizeConfig {
@@ -405,7 +405,8 @@ impl Default for StoreConfig {
     }
 }
 
-/// Per-question-type retrieval multipliers and bonuses (the SPEC §4 table).
+/// Per-question-type retrieval multipliers and bonuses (docs/algorithm.md, "Recall budgets and
+/// question types").
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TypeProfile {
@@ -424,7 +425,8 @@ pub struct TypeProfile {
     pub raw_score_ratio: f64,
 }
 
-/// The table of SPEC §4, one profile per question type.
+/// The per-type table (docs/algorithm.md, "Recall budgets and question types"), one profile per
+/// question type.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TypeProfiles {
@@ -489,7 +491,8 @@ impl Default for TypeProfiles {
     }
 }
 
-/// Weights of the MMR similarity between two candidates (SPEC §4, Diversity).
+/// Weights of the MMR similarity between two candidates (docs/algorithm.md, "Read path:
+/// selection").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SimilarityWeights {
@@ -514,7 +517,8 @@ impl Default for SimilarityWeights {
     }
 }
 
-/// Plan-guided multi-route retrieval (SPEC §4), including its ablation switches.
+/// Plan-guided multi-route retrieval (docs/algorithm.md, "Read path"), including its ablation
+/// switches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetrievalConfig {
@@ -607,7 +611,8 @@ pub struct RetrievalConfig {
     pub per_type_limiter: bool,
     /// The SPEC's raw-turn/window count limiter above (`raw_min`, `raw_ratio`, `raw_score_floor`,
     /// `raw_score_ratio`, `per_type_limiter`). Off by default: `evidence_token_budget` bounds
-    /// what the evidence costs the answer prompt instead (see the algorithm notes in the README).
+    /// what the evidence costs the answer prompt instead (docs/algorithm.md, "Read path:
+    /// selection").
     pub raw_count_limiter: bool,
     /// Estimated tokens the chosen evidence may take in the answer prompt (0 = no budget); an
     /// item that does not fit is skipped for the next best (the first item always fits).
@@ -689,7 +694,8 @@ impl Default for RetrievalConfig {
 }
 
 impl RetrievalConfig {
-    /// Selection exactly as SPEC §4 states it: the raw-turn count limiter, MMR on raw final
+    /// Selection exactly as the published algorithm states it (docs/algorithm.md, "Departures
+    /// from the published selection, and why"): the raw-turn count limiter, MMR on raw final
     /// scores, no evidence token budget.
     pub fn use_spec_selection(&mut self) {
         self.raw_count_limiter = true;
@@ -727,7 +733,7 @@ impl RetrievalConfig {
     }
 }
 
-/// Answering (SPEC §5).
+/// Answering (docs/algorithm.md, "Answer prompt").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AnswerConfig {

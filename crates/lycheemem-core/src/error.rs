@@ -30,6 +30,10 @@ pub enum Error {
     /// The work was stopped because its caller went away (see [`crate::Cancel`]).
     #[error("cancelled: {0}")]
     Cancelled(String),
+    /// The storage is held by another process (a store directory is opened by one process at
+    /// a time; reach a shared memory through its server).
+    #[error("locked: {0}")]
+    Locked(String),
     /// Something was looked up that does not exist.
     #[error("not found: {0}")]
     NotFound(String),

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 
 use crate::turn::TurnRef;
 
-/// A retrieval channel (SPEC §4), plus the lexical BM25 channel added by lycheemem.
+/// A retrieval channel (docs/algorithm.md, "Routes and channels"), including the lexical BM25
+/// channel added by lycheemem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Channel {

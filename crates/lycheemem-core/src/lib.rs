@@ -1,6 +1,7 @@
 //! Core vocabulary of lycheemem: the domain types every other crate speaks, the typed
-//! configuration holding every constant of the LycheeMemory V2 algorithm (see `SPEC.md`),
-//! the error type, and pure helpers (key normalization, date parsing, token estimation).
+//! configuration holding every constant of the LycheeMemory V2 algorithm (see
+//! `docs/algorithm.md`), the error type, and pure helpers (key normalization, date parsing,
+//! token estimation).
 //!
 //! This crate performs no I/O beyond reading a config file on request and never touches a model.
 

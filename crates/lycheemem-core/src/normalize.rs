@@ -1,4 +1,4 @@
-//! Key normalization for evidence nodes (SPEC §3).
+//! Key normalization for evidence nodes (docs/algorithm.md, "Evidence nodes").
 
 /// Normalizes an entity, tag or other node key: casefold; whitespace and the separators
 /// `- _ : / \ | , ;` (and their full-width forms) become spaces; every character that is not a

@@ -1,4 +1,4 @@
-//! Retrieval plans produced by the planner (SPEC §4).
+//! Retrieval plans produced by the planner (docs/algorithm.md, "Planning").
 
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +39,8 @@ impl QuestionType {
         }
     }
 
-    /// Parses a planner-provided type; anything invalid is [`QuestionType::Single`] (SPEC §4).
+    /// Parses a planner-provided type; anything invalid is [`QuestionType::Single`]
+    /// (docs/algorithm.md, "Planning").
     pub fn parse_lenient(s: &str) -> QuestionType {
         let norm = s.trim().to_ascii_lowercase().replace([' ', '-'], "_");
         QuestionType::ALL

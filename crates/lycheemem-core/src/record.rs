@@ -1,4 +1,5 @@
-//! Memory records (SPEC §2) and the evidence nodes that index them (SPEC §3).
+//! Memory records (docs/algorithm.md, "Encoding") and the evidence nodes that index them
+//! (docs/algorithm.md, "Evidence nodes").
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -44,7 +45,7 @@ impl MemoryType {
     }
 
     /// Parses an LLM-provided type leniently: case and separators are ignored, and anything
-    /// unknown becomes [`MemoryType::Fact`] (SPEC §2).
+    /// unknown becomes [`MemoryType::Fact`] (docs/algorithm.md, "Validation and repair").
     pub fn parse_lenient(s: &str) -> MemoryType {
         let norm: String = s
             .trim()
@@ -120,7 +121,7 @@ pub struct Record {
 
 impl Record {
     /// The stable record id for `semantic_text` in `namespace`: identical text in the same
-    /// namespace always maps to the same record (SPEC §2).
+    /// namespace always maps to the same record (docs/algorithm.md, "Storage rules").
     pub fn make_id(namespace: &Namespace, semantic_text: &str) -> String {
         let mut hasher = Sha256::new();
         hasher.update(namespace.as_str().as_bytes());
@@ -149,7 +150,7 @@ impl Record {
     }
 }
 
-/// The kinds of evidence node (SPEC §3).
+/// The kinds of evidence node (docs/algorithm.md, "Evidence nodes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeKind {
@@ -191,7 +192,8 @@ pub struct EvidenceNode {
     /// `kind:key`.
     pub node_id: String,
     pub kind: NodeKind,
-    /// Normalized key (SPEC §3), e.g. `caroline`, `caroline::adoption`, `day:2023-05-08`.
+    /// Normalized key (docs/algorithm.md, "Evidence nodes"), e.g. `caroline`,
+    /// `caroline::adoption`, `day:2023-05-08`.
     pub key: String,
     /// Human-readable label (the first surface form seen).
     pub label: String,
@@ -207,7 +209,7 @@ pub struct EvidenceNode {
 
 impl EvidenceNode {
     /// The node's search text: its label followed by the linked record texts, one per line,
-    /// cut at `max_chars` characters (SPEC §3).
+    /// cut at `max_chars` characters (docs/algorithm.md, "Evidence nodes").
     pub fn compose_search_text<'a>(
         label: &str,
         record_texts: impl IntoIterator<Item = &'a str>,

@@ -165,7 +165,7 @@ pub struct Exchange {
     pub tokens: u32,
 }
 
-/// Why a segment was closed (SPEC §1).
+/// Why a segment was closed (docs/algorithm.md, "Order of decisions").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinalizeReason {

@@ -1,4 +1,5 @@
-//! Token accounting (SPEC §6): every generative call is logged with its purpose.
+//! Token accounting (docs/algorithm.md, "Cost and token accounting"): every generative call is
+//! logged with its purpose.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

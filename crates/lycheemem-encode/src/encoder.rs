@@ -1,7 +1,7 @@
-//! The segment encoder (SPEC §2): exactly one LLM call per finalized segment (plus at most
-//! `repair_retries` repair calls showing the parse error), never a panic. On final failure the
-//! segment yields no records — its raw turns stay stored and searchable — and the failure is
-//! returned for logging.
+//! The segment encoder (docs/algorithm.md, "Encoding"): exactly one LLM call per finalized
+//! segment (plus at most `repair_retries` repair calls showing the parse error), never a panic.
+//! On final failure the segment yields no records — its raw turns stay stored and searchable —
+//! and the failure is returned for logging.
 
 use chrono::NaiveDate;
 use lycheemem_core::config::{EncodeConfig, RecordStyle};

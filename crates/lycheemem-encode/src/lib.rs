@@ -1,9 +1,10 @@
 //! The write path after segmentation:
 //! - [`encoder`]: one LLM call turns a finalized segment into typed, self-contained records
-//!   (SPEC §2), with the bounded reference context ρ ([`reference`]), the record JSON Schema
-//!   ([`schema`]), lenient parsing and validation ([`parse`]) and one repair round.
+//!   (docs/algorithm.md, "Encoding"), with the bounded reference context ρ ([`reference`]), the
+//!   record JSON Schema ([`schema`]), lenient parsing and validation ([`parse`]) and one repair
+//!   round.
 //! - [`organize`]: records → evidence-node upserts (entity, topic, entity×topic, temporal,
-//!   event frame; SPEC §3). Pure functions, no model.
+//!   event frame; docs/algorithm.md, "Evidence nodes"). Pure functions, no model.
 //! - [`segment_write`]: a finalized segment → the store write that records it (turns and ρ
 //!   read from the store, encode, organize and merge nodes, embed, advance ρ).
 

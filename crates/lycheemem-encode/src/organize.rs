@@ -1,4 +1,5 @@
-//! Structured evidence organization (SPEC §3): records → upserts of evidence nodes. No model.
+//! Structured evidence organization (docs/algorithm.md, "Evidence nodes"): records → upserts of
+//! evidence nodes. No model.
 //!
 //! Kinds: `entity` (each entity), `topic` (each tag; plus the memory type when
 //! `memory_type_as_tag` is on), `entity_topic` (each entity × tag, key `entity::tag`), `temporal`
@@ -140,7 +141,8 @@ fn truncate_chars(s: &mut String, max: usize) {
     }
 }
 
-/// Applies an upsert to the stored node (or creates it), following the SPEC §3 merge rules.
+/// Applies an upsert to the stored node (or creates it), following the merge rules of
+/// docs/algorithm.md, "Evidence nodes".
 pub fn merge(
     existing: Option<EvidenceNode>,
     up: &NodeUpsert,

@@ -1,6 +1,7 @@
-//! The reference context ρ (SPEC §2): `Resolved references:` + the previous disambiguation note
-//! (≤ 1,200 chars) + the last 12 record texts of the session, the whole ≤ 2,400 chars. It only
-//! helps resolve references; it is never a source of facts. Persisted per (namespace, session).
+//! The reference context ρ (docs/algorithm.md, "Reference context ρ"): `Resolved references:` +
+//! the previous disambiguation note (≤ 1,200 chars) + the last 12 record texts of the session,
+//! the whole ≤ 2,400 chars. It only helps resolve references; it is never a source of facts.
+//! Persisted per (namespace, session).
 
 use lycheemem_core::config::EncodeConfig;
 use serde::{Deserialize, Serialize};

@@ -67,7 +67,10 @@ pub struct Manifest {
 
 impl Manifest {
     pub fn load(path: &Path) -> Result<Manifest, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Manifest {
+            path: path.into(),
+            message: format!("cannot read it: {e}"),
+        })?;
         Manifest::parse(&text).map_err(|message| ModelError::Manifest {
             path: path.into(),
             message,

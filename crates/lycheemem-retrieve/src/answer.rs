@@ -1,6 +1,7 @@
-//! The answer call (SPEC §5): the question with its reference date and two evidence blocks —
-//! memory records (type, time scope, session date) and raw dialogue snippets (speaker lines,
-//! session date) — under rules that keep the answer grounded. One LLM call.
+//! The answer call (docs/algorithm.md, "Answer prompt"): the question with its reference date
+//! and two evidence blocks — memory records (type, time scope, session date) and raw dialogue
+//! snippets (speaker lines, session date) — under rules that keep the answer grounded. One LLM
+//! call.
 
 use lycheemem_core::config::AnswerConfig;
 use lycheemem_core::{Purpose, Result, TokenUsage};

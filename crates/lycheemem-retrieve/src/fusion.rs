@@ -1,5 +1,5 @@
-//! Fusion across routes and the final selection (SPEC §4), as pure functions over scored
-//! candidates:
+//! Fusion across routes and the final selection (docs/algorithm.md, "Read path: selection"), as
+//! pure functions over scored candidates:
 //!
 //! 1. [`fuse`]: reciprocal-rank fusion `Σ 1/(κ + rank)` over each route's top
 //!    `max(4k, 4·quota)`; `final = 0.82·best_route_score + 0.18·rrf/max_rrf`.

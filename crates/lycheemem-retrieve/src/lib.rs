@@ -1,6 +1,6 @@
-//! The read path of LycheeMemory V2 (SPEC §4–5): one planning LLM call, deterministic
-//! multi-route recall over the store, optional cross-encoder reranking, fusion across routes,
-//! diversity-aware selection, and the answer prompt.
+//! The read path of LycheeMemory V2 (docs/algorithm.md, "Read path"): one planning LLM call,
+//! deterministic multi-route recall over the store, optional cross-encoder reranking, fusion
+//! across routes, diversity-aware selection, and the answer prompt.
 //!
 //! * [`planner`]: the plan prompt, schema and lenient parsing (fallback: one route with the
 //!   question).

@@ -1,7 +1,8 @@
-//! The planner (SPEC §4): one LLM call turns the question into a typed plan of routes. Parsing
-//! is lenient — an invalid type becomes `single`, limits are enforced by truncation, temporal
-//! phrases ("on", "before"/"by", "after"/"since", relative expressions) become ISO bounds — and
-//! an unusable reply falls back to one route carrying the question itself.
+//! The planner (docs/algorithm.md, "Planning"): one LLM call turns the question into a typed
+//! plan of routes. Parsing is lenient — an invalid type becomes `single`, limits are enforced by
+//! truncation, temporal phrases ("on", "before"/"by", "after"/"since", relative expressions)
+//! become ISO bounds — and an unusable reply falls back to one route carrying the question
+//! itself.
 
 use chrono::NaiveDate;
 use lycheemem_core::config::RetrievalConfig;

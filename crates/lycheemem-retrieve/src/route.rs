@@ -1,5 +1,5 @@
-//! Executing one route (SPEC §4): query variants, the channels, scoring and the route-local
-//! final score.
+//! Executing one route (docs/algorithm.md, "Routes and channels" and "Route scoring"): query
+//! variants, the channels, scoring and the route-local final score.
 //!
 //! Channels and their field scores (a candidate hit several times keeps its maximum):
 //! * temporal — temporal nodes overlapping the route's [since, until] → their records; field =
@@ -206,8 +206,8 @@ pub fn run_route_timed(
     ))
 }
 
-/// How many candidates each recall channel asks for (SPEC §4: `k` scaled by the question type's
-/// multipliers, with floors).
+/// How many candidates each recall channel asks for (docs/algorithm.md, "Recall budgets and
+/// question types": `k` scaled by the question type's multipliers, with floors).
 struct RecallBudget {
     node_n: usize,
     rec_n: usize,

@@ -1,4 +1,5 @@
-//! The symbolic similarity MMR uses between two candidates (SPEC §4):
+//! The symbolic similarity MMR uses between two candidates (docs/algorithm.md, "Read path:
+//! selection"):
 //! `min(1, .15·same session + .20·J(entities) + .15·J(matched variants) + .15·J(evidence nodes)
 //! + .10·J(turns) + .25·J(word tokens))`, with J the Jaccard index.
 

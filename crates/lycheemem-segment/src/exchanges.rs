@@ -28,7 +28,8 @@ impl PendingExchange {
     }
 
     /// `author: text` lines; each turn keeps at most `head_tail` chars from its head and from
-    /// its tail (SPEC §1: very long text is truncated for embedding).
+    /// its tail (docs/algorithm.md, "Turns and exchanges": very long text is truncated for
+    /// embedding).
     pub fn embedding_text(&self, head_tail: usize) -> String {
         self.turns
             .iter()

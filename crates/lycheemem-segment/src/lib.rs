@@ -1,5 +1,6 @@
-//! Online segmentation of a conversation into semantic segments (SPEC §1), driven only by the
-//! unit embeddings of its exchanges — no LLM, no model at all: this crate takes `&[f32]`.
+//! Online segmentation of a conversation into semantic segments (docs/algorithm.md,
+//! "Segmentation"), driven only by the unit embeddings of its exchanges — no LLM, no model at
+//! all: this crate takes `&[f32]`.
 //!
 //! - [`exchanges`]: turns → exchanges, incrementally (chat logs group a user message with the
 //!   assistant replies that follow; two-speaker logs make every turn an exchange).

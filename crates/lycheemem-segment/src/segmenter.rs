@@ -1,14 +1,14 @@
 //! The online segmenter: one exchange at a time, per (namespace, session) state that survives
 //! restarts (serde), three policies behind one interface, and a decision log.
 //!
-//! Order of decisions for each exchange `x` (SPEC §1): if the active segment S is empty, start S
-//! with x; if adding x would exceed `max_tokens`, finalize S (`capacity_limit`) and start S with
-//! x; else if `P_cut >= cut_threshold`, finalize S (`semantic_boundary`) and start S with x; else
-//! append x, then finalize if S reached `target_tokens` (`target_length`) or `max_exchanges`
-//! (`exchange_limit`). An exchange larger than `max_tokens` on its own is split at turn
-//! boundaries into `oversized` segments (a single turn larger than the maximum stays whole: turns
-//! are the unit of provenance; the encoder bounds its text). `flush` finalizes S
-//! (`session_flush`).
+//! Order of decisions for each exchange `x` (docs/algorithm.md, "Order of decisions"): if the
+//! active segment S is empty, start S with x; if adding x would exceed `max_tokens`, finalize S
+//! (`capacity_limit`) and start S with x; else if `P_cut >= cut_threshold`, finalize S
+//! (`semantic_boundary`) and start S with x; else append x, then finalize if S reached
+//! `target_tokens` (`target_length`) or `max_exchanges` (`exchange_limit`). An exchange larger
+//! than `max_tokens` on its own is split at turn boundaries into `oversized` segments (a single
+//! turn larger than the maximum stays whole: turns are the unit of provenance; the encoder bounds
+//! its text). `flush` finalizes S (`session_flush`).
 
 use lycheemem_core::config::{SegmentConfig, SegmentPolicy};
 use lycheemem_core::{FinalizeReason, Segment, SessionId};
@@ -93,8 +93,8 @@ pub enum Action {
     Alone(FinalizeReason),
 }
 
-/// Every feature of one decision (SPEC §1), for the decision log. Signals are `None` when S was
-/// empty or the policy does not compute them.
+/// Every feature of one decision (docs/algorithm.md, "Boundary signals"), for the decision log.
+/// Signals are `None` when S was empty or the policy does not compute them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
     pub first_turn: u32,

@@ -1,4 +1,5 @@
-//! The boundary signals of SPEC §1 as pure functions of vectors, numbers and the config.
+//! The boundary signals (docs/algorithm.md, "Boundary signals") as pure functions of vectors,
+//! numbers and the config.
 
 use lycheemem_core::config::SegmentConfig;
 

@@ -86,6 +86,7 @@ impl From<lycheemem_core::Error> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cancelled", m.clone())
             }
             E::Model(m) => ApiError::new(StatusCode::BAD_GATEWAY, "model_error", m.clone()),
+            E::Locked(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "locked", m.clone()),
             _ => ApiError::internal(e.to_string()),
         }
     }

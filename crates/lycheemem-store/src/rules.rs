@@ -1,13 +1,15 @@
 //! Domain rules every storage backend applies the same way, kept out of any one backend's
-//! transaction code: what a restated record becomes (SPEC §2) and what an evidence node is
-//! rewritten to when it loses records. Pure functions over the core types.
+//! transaction code: what a restated record becomes and what an evidence node is rewritten to
+//! when it loses records (docs/algorithm.md, "Storage rules"). Pure functions over the core
+//! types.
 
 use lycheemem_core::{EvidenceNode, Record};
 
-/// SPEC §2: identical text → same id → one record with unioned provenance. The first statement
-/// stays the record (its session, segment, date, type and fields); a restatement in the same
-/// session adds the turns it cites. A record cites one session, so a restatement in another
-/// session adds no citation (its raw turns stay searchable).
+/// Identical text → same id → one record with unioned provenance (docs/algorithm.md, "Storage
+/// rules"). The first statement stays the record (its session, segment, date, type and
+/// fields); a restatement in the same session adds the turns it cites. A record cites one
+/// session, so a restatement in another session adds no citation (its raw turns stay
+/// searchable).
 pub fn merge_restatement(stored: Record, restated: Record) -> Record {
     let mut merged = stored;
     if merged.source_session == restated.source_session {

@@ -26,6 +26,7 @@
 //! ```
 
 mod components;
+pub mod formats;
 mod memory;
 
 pub use components::Components;
@@ -42,5 +43,5 @@ pub use lycheemem_store::{DeleteReceipt, ImportReceipt, NamespaceStats};
 /// caller needs to read a memory's sessions, segments and records directly.
 pub mod store {
     pub use lycheemem_store::prelude::*;
-    pub use lycheemem_store::{SegmentOutcome, SegmentRow, SessionInfo};
+    pub use lycheemem_store::{ExportOptions, SegmentOutcome, SegmentRow, SessionInfo};
 }

@@ -284,6 +284,21 @@ impl Memory {
         })
     }
 
+    /// Opens only the storage of an existing memory in `dir` (no models): for reading,
+    /// exporting or deleting without loading an embedder or an LLM. The vector dimension is the
+    /// one the store was created with. [`Error::NotFound`] when `dir` holds no memory.
+    pub fn open_store(dir: impl AsRef<Path>, config: &Config) -> Result<Box<dyn MemoryStore>> {
+        let dir = dir.as_ref();
+        if !Store::exists(dir) {
+            return Err(Error::NotFound(format!("no store at {}", dir.display())));
+        }
+        // Dimension 0: whatever the store was created with.
+        let mut options = StoreOptions::new(0);
+        options.index = config.store.clone();
+        options.node_text_chars = config.organize.node_text_chars;
+        Ok(Box::new(Store::open(dir, options)?))
+    }
+
     pub fn store(&self) -> &dyn MemoryStore {
         self.store.as_ref()
     }
@@ -956,7 +971,7 @@ impl Memory {
     }
 }
 
-/// Construction cost of a namespace (SPEC §6).
+/// Construction cost of a namespace (docs/algorithm.md, "Cost and token accounting").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Construction {
     pub encode_calls: u64,

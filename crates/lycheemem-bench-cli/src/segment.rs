@@ -1,15 +1,14 @@
-//! `lycheemem bench segment`: how the segmentation policies cut real conversations. On LoCoMo
+//! `lycheemem-bench segment`: how the segmentation policies cut real conversations. On LoCoMo
 //! with the configured embedder, per conversation: exchanges, segments, turns per segment and
 //! finalize-reason counts, for `semantic`, `fixed_window` and `per_exchange`.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use lycheemem_core::config::{SegmentConfig, SegmentPolicy};
-use lycheemem_core::{FinalizeReason, Role, SessionId, Turn};
+use lycheemem_core::{FinalizeReason, Turn};
 use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
 use lycheemem_models::{FetchSource, ModelStore};
 use lycheemem_segment::{ExchangeBuilder, ExchangeInput, ExchangeMode, Segmenter, SegmenterState};
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -23,63 +22,6 @@ pub struct BenchSegmentArgs {
     /// Use the reference-code preset (1000/1500/2000 tokens, threshold 0.55, no exchange cap).
     #[arg(long)]
     reference_code: bool,
-}
-
-/// One LoCoMo conversation as dated sessions of turns.
-pub struct Conversation {
-    pub id: String,
-    pub sessions: Vec<Vec<Turn>>,
-    /// `session_N_date_time` of each session, as given.
-    pub dates: Vec<Option<String>>,
-}
-
-/// Loads LoCoMo conversations (turns as two-speaker logs, captions appended as text).
-pub fn load(path: &Path) -> Result<Vec<Conversation>> {
-    let data: Value = serde_json::from_str(
-        &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-    )?;
-    let mut out = Vec::new();
-    for conv in data.as_array().context("LoCoMo file must be a JSON list")? {
-        let c = &conv["conversation"];
-        let mut sessions = Vec::new();
-        let mut dates = Vec::new();
-        for n in 1.. {
-            let Some(turns) = c.get(format!("session_{n}")).and_then(Value::as_array) else {
-                break;
-            };
-            let session = SessionId::new(format!("session_{n}"))?;
-            let turns = turns
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let mut text = t["text"].as_str().unwrap_or("").to_string();
-                    if let Some(caption) = t.get("blip_caption").and_then(Value::as_str) {
-                        text.push_str(&format!(" [shares a photo of {caption}]"));
-                    }
-                    Turn {
-                        session: session.clone(),
-                        index: i as u32,
-                        role: Role::User,
-                        speaker: t["speaker"].as_str().map(str::to_string),
-                        text,
-                        time: None,
-                    }
-                })
-                .collect();
-            sessions.push(turns);
-            dates.push(
-                c.get(format!("session_{n}_date_time"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-            );
-        }
-        out.push(Conversation {
-            id: conv["sample_id"].as_str().unwrap_or("?").to_string(),
-            sessions,
-            dates,
-        });
-    }
-    Ok(out)
 }
 
 /// A LoCoMo session's exchanges (one per turn) with their embeddings, ready for a segmenter.
@@ -116,7 +58,7 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
     } else {
         SegmentConfig::default()
     };
-    let conversations = load(&args.locomo)?;
+    let conversations = crate::locomo::conversations(&args.locomo)?;
     println!("| conversation | policy | exchanges | segments | turns/segment | finalize reasons |");
     println!("|---|---|---:|---:|---:|---|");
     let mut totals: BTreeMap<&str, (usize, usize)> = BTreeMap::new();

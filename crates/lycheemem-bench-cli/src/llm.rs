@@ -1,4 +1,4 @@
-//! `lycheemem bench llm`: prefill and decode speed of the candle backend against llama.cpp
+//! `lycheemem-bench llm`: prefill and decode speed of the candle backend against llama.cpp
 //! (llama-cpp-python) on the same GGUF files, the same token ids and the same thread count, in
 //! one run; plus the prefill time that KV-cache prefix reuse saves on an encoder-shaped prompt.
 
@@ -67,7 +67,7 @@ pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
         anyhow::bail!("--prompt-tokens, --decode-tokens and --repeats must be at least 1");
     }
     let store = ModelStore::open(models_dir)?;
-    let text = crate::locomo_text::turns(&args.locomo, 400)?.join("\n");
+    let text = crate::locomo::turn_texts(&args.locomo, 400)?.join("\n");
     let mut rows: Vec<Row> = Vec::new();
     let mut batch_rows: Vec<BatchRow> = Vec::new();
     println!(

@@ -1,0 +1,440 @@
+//! `lycheemem-bench store`: the store at 10k–1M records. Synthetic clustered unit vectors
+//! (embedding-like: many topics, near neighbours with cosine ≈ 0.6–0.9) and Zipf-distributed
+//! texts, inserted through the public API; then vector search latency and recall@10 against
+//! exact brute-force search over the same vectors in the same run, BM25 latency, reopen time,
+//! RSS and disk bytes per record. Everything is seeded.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use lycheemem_core::config::VectorPrecision;
+use lycheemem_core::{
+    FinalizeReason, MemoryType, Namespace, Record, Role, Segment, SessionId, SourceRole,
+    TemporalScope, Turn,
+};
+use lycheemem_store::prelude::*;
+use lycheemem_store::{
+    SegmentOutcome, SegmentWrite, SessionInfo, Store, StoreOptions, Target, VectorQuery,
+};
+use rayon::prelude::*;
+
+use lycheemem_bench::synthetic::{
+    Rng, clustered_vectors, normalize, percentile, rss_mib, sentence, word,
+};
+use lycheemem_core::vector::dot;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchStoreArgs {
+    /// Record counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    sizes: Vec<usize>,
+    #[arg(long, default_value_t = 384)]
+    dims: usize,
+    /// Queries per measurement.
+    #[arg(long, default_value_t = 200)]
+    queries: usize,
+    /// HNSW search beam widths to measure.
+    #[arg(long, value_delimiter = ',', default_value = "64,128")]
+    ef: Vec<usize>,
+    /// Vector index precision: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    precision: String,
+    /// Where to build the stores (default: a temporary folder, removed afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+/// Exact top-k indices by dot product (vectors are unit length).
+fn exact_top_k(data: &[Vec<f32>], q: &[f32], k: usize) -> Vec<usize> {
+    let mut scored: Vec<(f32, usize)> = data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (dot(v, q), i))
+        .collect();
+    let k = k.min(scored.len());
+    scored.select_nth_unstable_by(k.saturating_sub(1), |a, b| b.0.total_cmp(&a.0));
+    scored.truncate(k);
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.into_iter().map(|(_, i)| i).collect()
+}
+
+/// The measurements of one store size, printed as a table; each is also shown as it is made.
+#[derive(Default)]
+struct Rows(Vec<(String, String)>);
+
+impl Rows {
+    fn push(&mut self, label: &str, value: String) {
+        eprintln!("  {label}: {value}");
+        self.0.push((label.to_string(), value));
+    }
+}
+
+pub fn run(args: BenchStoreArgs) -> Result<()> {
+    let precision = match args.precision.as_str() {
+        "f32" => VectorPrecision::F32,
+        "f16" => VectorPrecision::F16,
+        other => anyhow::bail!("--precision must be f32 or f16, not {other:?}"),
+    };
+    let temp;
+    let root = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::tempdir()?;
+            temp.path().to_path_buf()
+        }
+    };
+    println!(
+        "store benchmark: {} dims, {:?} index, {} queries, seed {}, {} threads available",
+        args.dims,
+        precision,
+        args.queries,
+        args.seed,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for &n in &args.sizes {
+        let rows = run_size(&args, n, precision, &root.join(format!("n{n}")))?;
+        println!("\n### {n} records\n");
+        println!("| measure | value |\n|---|---|");
+        for (label, value) in rows.0 {
+            println!("| {label} | {value} |");
+        }
+    }
+    Ok(())
+}
+
+/// The synthetic data of one size: unit vectors and a text per record.
+struct Data {
+    vectors: Vec<Vec<f32>>,
+    texts: Vec<String>,
+    vocab: usize,
+}
+
+fn generate(args: &BenchStoreArgs, n: usize) -> Data {
+    let t = Instant::now();
+    let vectors = clustered_vectors(n, args.dims, args.seed);
+    let mut rng = Rng(args.seed.wrapping_mul(7) | 1);
+    let vocab = 20_000;
+    let texts = (0..n)
+        .map(|i| format!("{} {}", sentence(&mut rng, vocab, 11), word(vocab + i)))
+        .collect();
+    eprintln!("[{n}] generated data in {:.1}s", t.elapsed().as_secs_f64());
+    Data {
+        vectors,
+        texts,
+        vocab,
+    }
+}
+
+/// Measures one store size: build, vector search against exact search, BM25, reopen.
+fn run_size(
+    args: &BenchStoreArgs,
+    n: usize,
+    precision: VectorPrecision,
+    dir: &std::path::Path,
+) -> Result<Rows> {
+    let mut rows = Rows::default();
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    let data = generate(args, n);
+    let options = StoreOptions::new(args.dims).with_precision(precision);
+    let ns = Namespace::new("bench")?;
+    let rss_before_build = rss_mib();
+    let store = Store::open(dir, options.clone())?;
+    insert_turns(&store, &ns, &data, &mut rows)?;
+    insert_records(&store, &ns, &data, &mut rows)?;
+    rows.push(
+        "RSS growth while building (MiB)",
+        format!("{:.0}", rss_mib() - rss_before_build),
+    );
+    let record_ids: Vec<String> = data.texts.iter().map(|t| Record::make_id(&ns, t)).collect();
+    let mut qrng = Rng(args.seed.wrapping_mul(13) | 1);
+    let queries = perturbed_queries(args, &data, &mut qrng);
+    measure_vector_search(args, &store, &ns, &data, &queries, &record_ids, &mut rows)?;
+    store.set_hnsw_expansion_search(options.index.hnsw_expansion_search);
+    measure_bm25(args, &store, &ns, &data, &mut qrng, &record_ids, &mut rows)?;
+    let disk = store.disk_bytes();
+    drop(store);
+    measure_reopen(dir, options, &ns, &queries[0], (n, disk), &mut rows)?;
+    if args.dir.is_none() {
+        std::fs::remove_dir_all(dir).ok();
+    }
+    Ok(rows)
+}
+
+/// Raw turns, one durable transaction each (what a live chat does).
+fn insert_turns(store: &Store, ns: &Namespace, data: &Data, rows: &mut Rows) -> Result<()> {
+    let turn_count = 1000.min(data.texts.len());
+    let session = SessionId::new("turns")?;
+    let t = Instant::now();
+    for i in 0..turn_count {
+        let turn = Turn {
+            session: session.clone(),
+            index: i as u32,
+            role: Role::User,
+            speaker: None,
+            text: data.texts[i].clone(),
+            time: None,
+        };
+        store.add_turns(ns, vec![(turn, Some(data.vectors[i].clone()))])?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    rows.push(
+        "turn insert, 1 per transaction (turns/s)",
+        format!("{:.0} ({turn_count} turns)", turn_count as f64 / secs),
+    );
+    Ok(())
+}
+
+/// Records, 500 per segment transaction through `commit_segment`, 20 segments per session;
+/// then a checkpoint.
+fn insert_records(store: &Store, ns: &Namespace, data: &Data, rows: &mut Rows) -> Result<()> {
+    let n = data.texts.len();
+    let per_segment = 500;
+    let t = Instant::now();
+    let mut session_index = 0;
+    for (chunk_no, chunk) in (0..n).collect::<Vec<_>>().chunks(per_segment).enumerate() {
+        if chunk_no % 20 == 0 {
+            session_index += 1;
+            let s = SessionId::new(format!("s{session_index}"))?;
+            store.put_session(ns, SessionInfo::new(s.clone(), Some("2024-01-01".into())))?;
+            let turn = Turn {
+                session: s,
+                index: 0,
+                role: Role::User,
+                speaker: None,
+                text: "session opener".into(),
+                time: None,
+            };
+            store.add_turns(ns, vec![(turn, None)])?;
+        }
+        let session = SessionId::new(format!("s{session_index}"))?;
+        store.commit_segment(ns, segment_of_records(ns, &session, chunk, data))?;
+        if chunk_no % 200 == 199 {
+            eprintln!(
+                "[{n}] {} records in {:.0}s",
+                (chunk_no + 1) * per_segment,
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let insert_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    store.checkpoint()?;
+    let checkpoint_secs = t.elapsed().as_secs_f64();
+    rows.push(
+        "record insert, 500 per transaction (records/s)",
+        format!("{:.0} ({insert_secs:.1} s)", n as f64 / insert_secs),
+    );
+    rows.push(
+        "checkpoint after insert (s)",
+        format!("{checkpoint_secs:.2}"),
+    );
+    Ok(())
+}
+
+/// One encoded segment holding the records of `chunk` (indexes into `data`).
+fn segment_of_records(
+    ns: &Namespace,
+    session: &SessionId,
+    chunk: &[usize],
+    data: &Data,
+) -> SegmentWrite {
+    let segment = Segment {
+        id: Segment::make_id(session, 0, 0),
+        session: session.clone(),
+        first_turn: 0,
+        last_turn: 0,
+        exchanges: 1,
+        tokens: 1,
+        reason: FinalizeReason::SemanticBoundary,
+    };
+    let mut write = SegmentWrite::new(segment.clone(), SegmentOutcome::Encoded);
+    for &i in chunk {
+        let text = &data.texts[i];
+        let record = Record {
+            record_id: Record::make_id(ns, text),
+            memory_type: MemoryType::Fact,
+            semantic_text: text.clone(),
+            normalized_text: Record::make_normalized_text(MemoryType::Fact, text),
+            entities: Vec::new(),
+            tags: Vec::new(),
+            temporal: TemporalScope::default(),
+            evidence_turns: vec![0],
+            source_session: session.clone(),
+            source_role: SourceRole::User,
+            segment_id: segment.id.clone(),
+            created_at: None,
+            confidence: 1.0,
+        };
+        write.records.push((record, Some(data.vectors[i].clone())));
+    }
+    write
+}
+
+/// Queries: data points perturbed by noise.
+fn perturbed_queries(args: &BenchStoreArgs, data: &Data, rng: &mut Rng) -> Vec<Vec<f32>> {
+    let n = data.vectors.len();
+    (0..args.queries)
+        .map(|_| {
+            let base = &data.vectors[(rng.next_u64() % n as u64) as usize];
+            let mut q: Vec<f32> = base
+                .iter()
+                .map(|x| x + 0.5 / (args.dims as f32).sqrt() * rng.normal())
+                .collect();
+            normalize(&mut q);
+            q
+        })
+        .collect()
+}
+
+/// The true top 10 of a query by exact search over all vectors, on every core (the
+/// reference), with its time in ms.
+fn exact_search(vectors: &[Vec<f32>], q: &[f32]) -> (Vec<usize>, f64) {
+    let t = Instant::now();
+    let chunk = vectors.len().div_ceil(rayon::current_num_threads().max(1));
+    let mut merged: Vec<(f32, usize)> = vectors
+        .par_chunks(chunk)
+        .enumerate()
+        .flat_map_iter(|(c, part)| {
+            exact_top_k(part, q, 10)
+                .into_iter()
+                .map(move |i| (dot(&part[i], q), c * chunk + i))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    merged.sort_by(|a, b| b.0.total_cmp(&a.0));
+    merged.truncate(10);
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    (merged.into_iter().map(|(_, i)| i).collect(), ms)
+}
+
+/// HNSW latency and recall@10 at each beam width, against exact search in the same run.
+fn measure_vector_search(
+    args: &BenchStoreArgs,
+    store: &Store,
+    ns: &Namespace,
+    data: &Data,
+    queries: &[Vec<f32>],
+    record_ids: &[String],
+    rows: &mut Rows,
+) -> Result<()> {
+    let (truth, mut exact_ms): (Vec<Vec<usize>>, Vec<f64>) = queries
+        .iter()
+        .map(|q| exact_search(&data.vectors, q))
+        .unzip();
+    exact_ms.sort_by(f64::total_cmp);
+    let exact_p50 = percentile(&exact_ms, 0.5);
+    rows.push(
+        "exact search p50 (ms) [reference]",
+        format!("{exact_p50:.2}"),
+    );
+    for &ef in &args.ef {
+        store.set_hnsw_expansion_search(ef);
+        let mut ms = Vec::with_capacity(queries.len());
+        let mut found = 0usize;
+        for (q, want) in queries.iter().zip(&truth) {
+            let t = Instant::now();
+            let hits = store.vector_search(ns, &VectorQuery::new(Target::Record, q.clone(), 10))?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let want: std::collections::HashSet<&str> =
+                want.iter().map(|i| record_ids[*i].as_str()).collect();
+            found += hits
+                .iter()
+                .filter(|h| matches!(&h.item, lycheemem_store::ItemRef::Record(id) if want.contains(id.as_str())))
+                .count();
+        }
+        ms.sort_by(f64::total_cmp);
+        let p50 = percentile(&ms, 0.5);
+        rows.push(
+            &format!("HNSW ef={ef}: p50 / p99 ms, recall@10, speed-up vs exact"),
+            format!(
+                "{p50:.2} / {:.2}, {:.3}, {:.0}x",
+                percentile(&ms, 0.99),
+                found as f64 / (10 * queries.len()) as f64,
+                exact_p50 / p50
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// BM25 over the record texts, then again once some records are deleted: the deleted
+/// documents stay in the index segments, and BM25 statistics then count the live documents of
+/// every segment that holds a deleted one (a walk over each query term's postings).
+fn measure_bm25(
+    args: &BenchStoreArgs,
+    store: &Store,
+    ns: &Namespace,
+    data: &Data,
+    rng: &mut Rng,
+    record_ids: &[String],
+    rows: &mut Rows,
+) -> Result<()> {
+    let q_count = args.queries;
+    let text_queries: Vec<String> = (0..q_count).map(|_| sentence(rng, data.vocab, 3)).collect();
+    let bm25 = || -> Result<(f64, f64, usize)> {
+        let mut ms = Vec::with_capacity(q_count);
+        let mut nonempty = 0;
+        for q in &text_queries {
+            let t = Instant::now();
+            let hits = store.text_search(ns, Target::Record, q, 10, None)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            nonempty += usize::from(!hits.is_empty());
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok((percentile(&ms, 0.5), percentile(&ms, 0.99), nonempty))
+    };
+    let (live_p50, live_p99, nonempty) = bm25()?;
+    rows.push(
+        "BM25 top-10 p50 / p99 ms (3-word queries)",
+        format!("{live_p50:.2} / {live_p99:.2} ({nonempty}/{q_count} with hits)"),
+    );
+    let n = record_ids.len();
+    let deleted = (n / 100).clamp(1, 200);
+    for i in 0..deleted {
+        store.delete_record(ns, &record_ids[i * (n / deleted)])?;
+    }
+    store.text_search(ns, Target::Record, &text_queries[0], 10, None)?; // commit the deletes
+    let (p50, p99, _) = bm25()?;
+    rows.push(
+        &format!("BM25 after deleting {deleted} records: p50 / p99 ms, p50 vs before"),
+        format!("{p50:.2} / {p99:.2}, {:.2}x", p50 / live_p50),
+    );
+    Ok(())
+}
+
+/// Opens the closed store again: open time, the RSS the open store adds, and disk use per
+/// record (`size`: the record count and the disk bytes measured before it was closed).
+fn measure_reopen(
+    dir: &std::path::Path,
+    options: StoreOptions,
+    ns: &Namespace,
+    query: &[f32],
+    (n, disk): (usize, u64),
+    rows: &mut Rows,
+) -> Result<()> {
+    let rss_closed = rss_mib();
+    let t = Instant::now();
+    let store = Store::open(dir, options).context("reopening")?;
+    let open_secs = t.elapsed().as_secs_f64();
+    let hits = store.vector_search(ns, &VectorQuery::new(Target::Record, query.to_vec(), 10))?;
+    anyhow::ensure!(hits.len() == 10, "reopened store lost vectors");
+    rows.push("reopen (s)", format!("{open_secs:.2}"));
+    rows.push(
+        "RSS added by the open store (MiB)",
+        format!("{:.0}", rss_mib() - rss_closed),
+    );
+    rows.push(
+        "disk bytes per record (all files / records+turns)",
+        format!(
+            "{:.0} ({:.2} GB total)",
+            disk as f64 / n as f64,
+            disk as f64 / 1e9
+        ),
+    );
+    Ok(())
+}

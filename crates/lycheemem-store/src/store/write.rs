@@ -1,0 +1,106 @@
+//! The [`StoreWrite`] and [`StoreAdmin`] implementations: each call is one write transaction.
+
+use super::*;
+
+impl StoreWrite for Store {
+    fn put_session(&self, ns: &Namespace, info: SessionInfo) -> Result<WriteReceipt> {
+        self.write(|w| {
+            let turn_count = w.session(ns, &info.id)?.map_or(0, |s| s.turn_count);
+            w.put_session(ns, &SessionInfo { turn_count, ..info })
+        })
+        .map(|(_, r)| r)
+    }
+
+    fn add_turns(
+        &self,
+        ns: &Namespace,
+        turns: Vec<(Turn, Option<Vec<f32>>)>,
+    ) -> Result<WriteReceipt> {
+        self.write(|w| {
+            for (turn, vector) in turns {
+                w.add_turn(ns, turn, vector.as_deref())?;
+            }
+            Ok(())
+        })
+        .map(|(_, r)| r)
+    }
+
+    fn commit_segment(&self, ns: &Namespace, write: SegmentWrite) -> Result<WriteReceipt> {
+        self.write(|w| w.commit_segment(ns, write)).map(|(_, r)| r)
+    }
+
+    fn put_state(
+        &self,
+        ns: &Namespace,
+        session: &SessionId,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<WriteReceipt> {
+        self.write(|w| w.put_state(ns, session, name, value))
+            .map(|(_, r)| r)
+    }
+
+    fn log_usage(&self, ns: &Namespace, usage: &[TokenUsage]) -> Result<WriteReceipt> {
+        self.write(|w| usage.iter().try_for_each(|u| w.log_usage(ns, u)))
+            .map(|(_, r)| r)
+    }
+
+    fn set_vectors(&self, ns: &Namespace, items: &[(ItemRef, Vec<f32>)]) -> Result<usize> {
+        self.write(|w| {
+            let mut found = 0;
+            for (item, v) in items {
+                if w.set_item_vector(ns, item, v)? {
+                    found += 1;
+                }
+            }
+            Ok(found)
+        })
+        .map(|(n, _)| n)
+    }
+}
+
+impl StoreAdmin for Store {
+    fn export(
+        &self,
+        ns: &Namespace,
+        out: &mut dyn std::io::Write,
+        opts: crate::transfer::ExportOptions,
+    ) -> Result<u64> {
+        self.export_lines(ns, out, opts)
+    }
+
+    fn import(
+        &self,
+        ns: &Namespace,
+        input: &mut dyn std::io::BufRead,
+        embed: Option<&crate::transfer::EmbedFn>,
+    ) -> Result<crate::transfer::ImportReceipt> {
+        self.import_lines(ns, input, embed)
+    }
+
+    fn delete_record(&self, ns: &Namespace, record_id: &str) -> Result<DeleteReceipt> {
+        self.write(|w| w.delete_record(ns, record_id))
+            .map(|(r, _)| r)
+    }
+
+    fn delete_session(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
+        self.write(|w| w.delete_session(ns, session))
+            .map(|(r, _)| r)
+    }
+
+    fn clear_session_derived(&self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
+        self.write(|w| w.clear_session_derived(ns, session))
+            .map(|(r, _)| r)
+    }
+
+    fn delete_namespace(&self, ns: &Namespace) -> Result<DeleteReceipt> {
+        self.write(|w| w.delete_namespace(ns)).map(|(r, _)| r)
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        let _w = self.write.lock().unwrap_or_else(lock_poisoned);
+        let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
+        let mut text = self.text.write().unwrap_or_else(lock_poisoned);
+        self.checkpoint_locked(&mut vectors, &mut text)
+    }
+}
