@@ -208,7 +208,7 @@ fn shown_inside(inner: &[(String, u32)], outer: &[(String, u32)]) -> bool {
 /// turns are all shown already is skipped; a window chosen after raw turns it contains replaces
 /// them (their seats and tokens are freed). With `evidence_token_budget` > 0, an item whose text
 /// would take the chosen evidence past the budget is skipped (the first item always fits). The
-/// SPEC's count limiter for raw items (`raw_count_limiter`) is optional.
+/// published count limiter for raw items (`raw_count_limiter`) is optional.
 pub fn select(
     fused: Vec<Fused>,
     route_ids: &[String],
@@ -229,170 +229,32 @@ pub fn select_explained(
 ) -> Selection {
     let quota = route_quota(k, route_ids.len(), cfg);
     let refill_step = (cfg.mmr_pool_factor * k).max(k).max(1);
-    let mut in_pool = vec![false; fused.len()];
-    for i in pool_indices(&fused, route_ids, k, cfg) {
-        in_pool[i] = true;
-    }
-    let signatures: Vec<Signature> = fused.iter().map(|f| Signature::of(&f.candidate)).collect();
-    let tokens: Vec<usize> = fused
-        .iter()
-        .map(|f| estimate_tokens(&f.candidate.info.text) as usize)
-        .collect();
-    let turns: Vec<Vec<(String, u32)>> = fused.iter().map(shown_turns).collect();
-    let (raw_budget, score_ratio) = limiter(qt, k, cfg);
-
-    let mut chosen: Vec<usize> = Vec::new();
-    let mut mmr_scores: Vec<f32> = Vec::new();
-    let mut reasons: HashMap<usize, DropReason> = HashMap::new();
-    let mut replaced: BTreeSet<usize> = BTreeSet::new();
-    // Each candidate's similarity to its nearest chosen item.
-    let mut max_sim = vec![0f64; fused.len()];
+    let mut s = Selector::new(&fused, route_ids, k, qt, cfg);
     loop {
-        let pool: Vec<usize> = (0..fused.len()).filter(|&i| in_pool[i]).collect();
-        // Relevance on one scale within the pool.
-        let (lo, hi) = pool
-            .iter()
-            .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &i| {
-                (lo.min(fused[i].final_score), hi.max(fused[i].final_score))
-            });
-        let relevance = |i: usize| -> f64 {
-            let f = fused[i].final_score;
-            if cfg.mmr_normalize_relevance {
-                if hi > lo {
-                    f64::from((f - lo) / (hi - lo))
-                } else {
-                    1.0
-                }
-            } else {
-                f64::from(f)
-            }
-        };
-        let best_record = pool
-            .iter()
-            .filter(|&&i| !fused[i].candidate.is_raw())
-            .map(|&i| fused[i].final_score)
-            .fold(0.0f32, f32::max);
-        let raw_floor = (cfg.raw_score_floor as f32).max(score_ratio * best_record);
-        // Picks one item (restricted to a route when given); false when none is admissible.
-        let mut pick = |only_route: Option<&String>,
-                        chosen: &mut Vec<usize>,
-                        reasons: &mut HashMap<usize, DropReason>|
-         -> bool {
-            let raw_count = chosen
-                .iter()
-                .filter(|&&i| fused[i].candidate.is_raw())
-                .count();
-            let covered: BTreeSet<&String> =
-                chosen.iter().flat_map(|&i| &fused[i].routes).collect();
-            let shown: BTreeSet<&(String, u32)> = chosen.iter().flat_map(|&i| &turns[i]).collect();
-            let spent: usize = chosen.iter().map(|&i| tokens[i]).sum();
-            let mut best: Option<(usize, f64)> = None;
-            for &i in &pool {
-                if chosen.contains(&i)
-                    || replaced.contains(&i)
-                    || only_route.is_some_and(|r| !fused[i].routes.contains(r))
-                {
-                    continue;
-                }
-                let f = &fused[i];
-                if f.candidate.is_raw() {
-                    if turns[i].iter().all(|t| shown.contains(t)) && !turns[i].is_empty() {
-                        reasons.insert(i, DropReason::Covered);
-                        continue;
-                    }
-                    if cfg.raw_count_limiter {
-                        let covers_new_route = f.routes.iter().any(|r| !covered.contains(r));
-                        if !((raw_count < raw_budget && f.final_score >= raw_floor)
-                            || covers_new_route)
-                        {
-                            reasons.insert(i, DropReason::RawLimiter);
-                            continue;
-                        }
-                    }
-                }
-                if cfg.evidence_token_budget > 0 && !chosen.is_empty() {
-                    // A window frees the tokens of the chosen raw turns it contains.
-                    let freed: usize = chosen
-                        .iter()
-                        .filter(|&&c| f.candidate.is_raw() && shown_inside(&turns[c], &turns[i]))
-                        .map(|&c| tokens[c])
-                        .sum();
-                    if spent - freed + tokens[i] > cfg.evidence_token_budget {
-                        reasons.insert(i, DropReason::TokenBudget);
-                        continue;
-                    }
-                }
-                let score = if cfg.mmr {
-                    cfg.mmr_relevance * relevance(i) - cfg.mmr_redundancy * max_sim[i]
-                } else {
-                    relevance(i)
-                };
-                if best.is_none_or(|(_, b)| score > b) {
-                    best = Some((i, score));
-                }
-            }
-            let Some((i, score)) = best else {
-                return false;
-            };
-            // A window replaces the chosen raw turns it contains.
-            if fused[i].candidate.is_raw() {
-                let inside: Vec<usize> = chosen
-                    .iter()
-                    .copied()
-                    .filter(|&c| c != i && shown_inside(&turns[c], &turns[i]))
-                    .collect();
-                for c in inside {
-                    let at = chosen.iter().position(|&x| x == c).unwrap_or(0);
-                    chosen.remove(at);
-                    mmr_scores.remove(at);
-                    replaced.insert(c);
-                    reasons.insert(c, DropReason::Covered);
-                }
-            }
-            chosen.push(i);
-            mmr_scores.push(score as f32);
-            reasons.remove(&i);
-            if cfg.mmr {
-                for &j in &pool {
-                    max_sim[j] =
-                        max_sim[j].max(similarity(&signatures[j], &signatures[i], &cfg.similarity));
-                }
-            }
-            true
-        };
+        let pass = s.pass();
         // Route quotas, route by route (first pass only: they count what is already chosen).
-        if chosen.is_empty() {
+        if s.chosen.is_empty() {
             for route in route_ids {
                 for _ in 0..quota {
-                    if chosen.len() >= k || !pick(Some(route), &mut chosen, &mut reasons) {
+                    if s.chosen.len() >= k || !s.pick(Some(route), &pass) {
                         break;
                     }
                 }
             }
         }
         // Then the rest.
-        while chosen.len() < k && pick(None, &mut chosen, &mut reasons) {}
-        if chosen.len() >= k {
+        while s.chosen.len() < k && s.pick(None, &pass) {}
+        if s.chosen.len() >= k || !s.refill(refill_step) {
             break;
-        }
-        // Refill: the next candidates by final score join the pool.
-        let outside: Vec<usize> = (0..fused.len())
-            .filter(|&i| !in_pool[i])
-            .take(refill_step)
-            .collect();
-        if outside.is_empty() {
-            break;
-        }
-        for i in outside {
-            in_pool[i] = true;
-            if cfg.mmr {
-                for &c in &chosen {
-                    max_sim[i] =
-                        max_sim[i].max(similarity(&signatures[i], &signatures[c], &cfg.similarity));
-                }
-            }
         }
     }
+    let Selector {
+        chosen,
+        mmr_scores,
+        reasons,
+        in_pool,
+        ..
+    } = s;
     let pool_size = in_pool.iter().filter(|&&p| p).count();
     let chosen_set: BTreeSet<usize> = chosen.iter().copied().collect();
     let mut dropped: Vec<(Fused, DropReason)> = Vec::new();
@@ -417,6 +279,235 @@ pub fn select_explained(
         chosen: chosen.iter().filter_map(|&i| picked[i].take()).collect(),
         dropped,
         pool_size,
+    }
+}
+
+/// The state of one selection: the candidates with what selection needs to know of each, the
+/// pool, and what has been chosen or dropped so far.
+struct Selector<'a> {
+    fused: &'a [Fused],
+    cfg: &'a RetrievalConfig,
+    signatures: Vec<Signature>,
+    tokens: Vec<usize>,
+    turns: Vec<Vec<(String, u32)>>,
+    in_pool: Vec<bool>,
+    chosen: Vec<usize>,
+    /// Parallel to `chosen`.
+    mmr_scores: Vec<f32>,
+    reasons: HashMap<usize, DropReason>,
+    /// Raw turns a window chosen later replaced.
+    replaced: BTreeSet<usize>,
+    /// Each candidate's similarity to its nearest chosen item.
+    max_sim: Vec<f64>,
+    raw_budget: usize,
+    score_ratio: f32,
+}
+
+/// What the picks of one pass over the pool hold fixed: the pool, its relevance scale and the
+/// raw-score floor of the count limiter.
+struct Pass {
+    pool: Vec<usize>,
+    lo: f32,
+    hi: f32,
+    raw_floor: f32,
+}
+
+impl<'a> Selector<'a> {
+    fn new(
+        fused: &'a [Fused],
+        route_ids: &[String],
+        k: usize,
+        qt: QuestionType,
+        cfg: &'a RetrievalConfig,
+    ) -> Self {
+        let mut in_pool = vec![false; fused.len()];
+        for i in pool_indices(fused, route_ids, k, cfg) {
+            in_pool[i] = true;
+        }
+        let (raw_budget, score_ratio) = limiter(qt, k, cfg);
+        Selector {
+            fused,
+            cfg,
+            signatures: fused.iter().map(|f| Signature::of(&f.candidate)).collect(),
+            tokens: fused
+                .iter()
+                .map(|f| estimate_tokens(&f.candidate.info.text) as usize)
+                .collect(),
+            turns: fused.iter().map(shown_turns).collect(),
+            in_pool,
+            chosen: Vec::new(),
+            mmr_scores: Vec::new(),
+            reasons: HashMap::new(),
+            replaced: BTreeSet::new(),
+            max_sim: vec![0f64; fused.len()],
+            raw_budget,
+            score_ratio,
+        }
+    }
+
+    /// The pool as it stands, with relevance on one scale within it.
+    fn pass(&self) -> Pass {
+        let fused = self.fused;
+        let pool: Vec<usize> = (0..fused.len()).filter(|&i| self.in_pool[i]).collect();
+        let (lo, hi) = pool
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &i| {
+                (lo.min(fused[i].final_score), hi.max(fused[i].final_score))
+            });
+        let best_record = pool
+            .iter()
+            .filter(|&&i| !fused[i].candidate.is_raw())
+            .map(|&i| fused[i].final_score)
+            .fold(0.0f32, f32::max);
+        let raw_floor = (self.cfg.raw_score_floor as f32).max(self.score_ratio * best_record);
+        Pass {
+            pool,
+            lo,
+            hi,
+            raw_floor,
+        }
+    }
+
+    fn relevance(&self, i: usize, pass: &Pass) -> f64 {
+        let f = self.fused[i].final_score;
+        if !self.cfg.mmr_normalize_relevance {
+            f64::from(f)
+        } else if pass.hi > pass.lo {
+            f64::from((f - pass.lo) / (pass.hi - pass.lo))
+        } else {
+            1.0
+        }
+    }
+
+    /// Why candidate `i` cannot be chosen now, if it cannot: its turns are all shown, the count
+    /// limiter, or the token budget.
+    fn refusal(&self, i: usize, pass: &Pass) -> Option<DropReason> {
+        let (fused, cfg, chosen) = (self.fused, self.cfg, &self.chosen);
+        let f = &fused[i];
+        if f.candidate.is_raw() {
+            let shown: BTreeSet<&(String, u32)> =
+                chosen.iter().flat_map(|&c| &self.turns[c]).collect();
+            if self.turns[i].iter().all(|t| shown.contains(t)) && !self.turns[i].is_empty() {
+                return Some(DropReason::Covered);
+            }
+            if cfg.raw_count_limiter {
+                let raw_count = chosen
+                    .iter()
+                    .filter(|&&c| fused[c].candidate.is_raw())
+                    .count();
+                let covered: BTreeSet<&String> =
+                    chosen.iter().flat_map(|&c| &fused[c].routes).collect();
+                let covers_new_route = f.routes.iter().any(|r| !covered.contains(r));
+                if !((raw_count < self.raw_budget && f.final_score >= pass.raw_floor)
+                    || covers_new_route)
+                {
+                    return Some(DropReason::RawLimiter);
+                }
+            }
+        }
+        if cfg.evidence_token_budget > 0 && !chosen.is_empty() {
+            let spent: usize = chosen.iter().map(|&c| self.tokens[c]).sum();
+            // A window frees the tokens of the chosen raw turns it contains.
+            let freed: usize = chosen
+                .iter()
+                .filter(|&&c| f.candidate.is_raw() && shown_inside(&self.turns[c], &self.turns[i]))
+                .map(|&c| self.tokens[c])
+                .sum();
+            if spent - freed + self.tokens[i] > cfg.evidence_token_budget {
+                return Some(DropReason::TokenBudget);
+            }
+        }
+        None
+    }
+
+    /// Picks the best admissible item of the pass's pool (restricted to a route when given);
+    /// false when none is admissible.
+    fn pick(&mut self, only_route: Option<&String>, pass: &Pass) -> bool {
+        let mut best: Option<(usize, f64)> = None;
+        for &i in &pass.pool {
+            if self.chosen.contains(&i)
+                || self.replaced.contains(&i)
+                || only_route.is_some_and(|r| !self.fused[i].routes.contains(r))
+            {
+                continue;
+            }
+            if let Some(reason) = self.refusal(i, pass) {
+                self.reasons.insert(i, reason);
+                continue;
+            }
+            let score = if self.cfg.mmr {
+                self.cfg.mmr_relevance * self.relevance(i, pass)
+                    - self.cfg.mmr_redundancy * self.max_sim[i]
+            } else {
+                self.relevance(i, pass)
+            };
+            if best.is_none_or(|(_, b)| score > b) {
+                best = Some((i, score));
+            }
+        }
+        let Some((i, score)) = best else {
+            return false;
+        };
+        self.choose(i, score, &pass.pool);
+        true
+    }
+
+    /// Adds item `i` (a window replacing the chosen raw turns it contains) and updates the
+    /// pool's similarity to the nearest chosen item.
+    fn choose(&mut self, i: usize, score: f64, pool: &[usize]) {
+        if self.fused[i].candidate.is_raw() {
+            let inside: Vec<usize> = self
+                .chosen
+                .iter()
+                .copied()
+                .filter(|&c| c != i && shown_inside(&self.turns[c], &self.turns[i]))
+                .collect();
+            for c in inside {
+                let at = self.chosen.iter().position(|&x| x == c).unwrap_or(0);
+                self.chosen.remove(at);
+                self.mmr_scores.remove(at);
+                self.replaced.insert(c);
+                self.reasons.insert(c, DropReason::Covered);
+            }
+        }
+        self.chosen.push(i);
+        self.mmr_scores.push(score as f32);
+        self.reasons.remove(&i);
+        if self.cfg.mmr {
+            for &j in pool {
+                let sim = similarity(
+                    &self.signatures[j],
+                    &self.signatures[i],
+                    &self.cfg.similarity,
+                );
+                self.max_sim[j] = self.max_sim[j].max(sim);
+            }
+        }
+    }
+
+    /// The next `step` candidates by final score join the pool; false when none is left.
+    fn refill(&mut self, step: usize) -> bool {
+        let outside: Vec<usize> = (0..self.fused.len())
+            .filter(|&i| !self.in_pool[i])
+            .take(step)
+            .collect();
+        if outside.is_empty() {
+            return false;
+        }
+        for i in outside {
+            self.in_pool[i] = true;
+            if self.cfg.mmr {
+                for &c in &self.chosen {
+                    let sim = similarity(
+                        &self.signatures[i],
+                        &self.signatures[c],
+                        &self.cfg.similarity,
+                    );
+                    self.max_sim[i] = self.max_sim[i].max(sim);
+                }
+            }
+        }
+        true
     }
 }
 

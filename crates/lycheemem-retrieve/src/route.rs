@@ -218,7 +218,8 @@ struct RecallBudget {
 impl RecallBudget {
     fn new(cfg: &RetrievalConfig, profile: &TypeProfile, k: usize) -> Self {
         RecallBudget {
-            node_n: ((3 * k).max(cfg.recall_floor) as f64 * profile.m_node).ceil() as usize,
+            node_n: ((cfg.recall_factor * k).max(cfg.recall_floor) as f64 * profile.m_node).ceil()
+                as usize,
             rec_n: ((cfg.recall_factor * k).max(cfg.recall_floor) as f64 * profile.m_rec).ceil()
                 as usize,
             turn_n: (k.max(cfg.turn_recall_floor) as f64 * profile.m_turn).ceil() as usize,

@@ -1,0 +1,671 @@
+//! The steps of a run: select and load checkpoints, build memories in the background, and per
+//! wave plan, wait, open and evaluate.
+
+use super::*;
+
+/// Items of one wave: each item's index with the indexes of its selected questions.
+pub(super) type Wave<'a> = [(usize, &'a Vec<usize>)];
+
+/// A memory the background builder made: (wave, item, construction hash).
+pub(super) type BuiltMemory = (usize, usize, String);
+
+/// `spec.variant_items` may only name variants of the run and items of the dataset.
+pub(super) fn check_variant_items(dataset: &Dataset, spec: &RunSpec) -> Result<()> {
+    for (variant, items) in &spec.variant_items {
+        if !spec.variants.contains(variant) {
+            anyhow::bail!("variant_items names {variant:?}, which is not among the run's variants");
+        }
+        for id in items {
+            if !dataset.items.iter().any(|i| i.id == *id) {
+                anyhow::bail!(
+                    "variant_items: {variant} on {id:?}, which is not an item of the dataset"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a run does not change: its data, settings, variants and backends (the encoder
+/// replaying logged calls).
+pub(super) struct RunContext<'a> {
+    pub(super) dataset: &'a Dataset,
+    pub(super) spec: &'a RunSpec,
+    pub(super) base: &'a Config,
+    pub(super) backends: &'a Backends,
+    pub(super) variants: Vec<Variant>,
+    pub(super) comps: Components,
+    /// Parallel to `variants`.
+    pub(super) construction_hashes: Vec<String>,
+}
+
+/// What the results folder already holds, kept up to date as the run checkpoints.
+pub(super) struct Checkpoints {
+    /// (variant, question id) of every prediction made.
+    pub(super) done: HashSet<(String, String)>,
+    /// (variant, item id) of every construction report written.
+    pub(super) built: HashSet<(String, String)>,
+    pub(super) plans: HashMap<String, CachedPlan>,
+    pub(super) plan_logs: PlanLogs,
+    pub(super) clock: Clock,
+}
+
+impl Checkpoints {
+    pub(super) fn load(spec: &RunSpec) -> Result<Checkpoints> {
+        let done = predictions(&spec.out)?
+            .into_iter()
+            .map(|p| (p.variant, p.question_id))
+            .collect();
+        let built = constructions(&spec.out)?
+            .into_iter()
+            .map(|c| (c.variant, c.report.item))
+            .collect();
+        // Plans are cached on the machine and kept in the results folder (see `PlanLogs`).
+        let mut plan_logs = PlanLogs {
+            shared: spec.cache.join("plans.jsonl"),
+            kept: spec.out.join("plans.jsonl"),
+            kept_keys: HashSet::new(),
+        };
+        let mut plans: HashMap<String, CachedPlan> = HashMap::new();
+        for p in read_lines::<CachedPlan>(&plan_logs.shared)? {
+            plans.insert(p.key.clone(), p);
+        }
+        for p in read_lines::<CachedPlan>(&plan_logs.kept)? {
+            plan_logs.kept_keys.insert(p.key.clone());
+            plans.insert(p.key.clone(), p);
+        }
+        Ok(Checkpoints {
+            done,
+            built,
+            plans,
+            plan_logs,
+            clock: Clock {
+                started: Instant::now(),
+                last_report: None,
+                done: 0,
+                total: 0,
+            },
+        })
+    }
+
+    /// Writes a construction report line for (variant, item) unless the folder has one.
+    pub(super) fn report_construction(
+        &mut self,
+        spec: &RunSpec,
+        variant: &str,
+        report: &ConstructionReport,
+    ) -> Result<()> {
+        if self
+            .built
+            .insert((variant.to_string(), report.item.clone()))
+        {
+            append_line(
+                &spec.out.join("construction.jsonl"),
+                &ConstructionLine {
+                    variant: variant.to_string(),
+                    report: report.clone(),
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl RunContext<'_> {
+    /// Whether variant `v` runs on `item` (`spec.variant_items`).
+    pub(super) fn allowed(&self, v: &Variant, item: &Item) -> bool {
+        self.spec
+            .variant_items
+            .get(&v.name)
+            .is_none_or(|items| items.contains(&item.id))
+    }
+
+    /// The selected questions `qs` of item `i` that variant `v` has yet to answer.
+    pub(super) fn pending(
+        &self,
+        v: &Variant,
+        i: usize,
+        qs: &[usize],
+        done: &HashSet<(String, String)>,
+    ) -> Vec<usize> {
+        let item = &self.dataset.items[i];
+        if !self.allowed(v, item) {
+            return Vec::new();
+        }
+        qs.iter()
+            .filter(|&&j| !done.contains(&(v.name.clone(), item.questions[j].id.clone())))
+            .copied()
+            .collect()
+    }
+
+    /// Whether variant `v` still needs a construction report for item `i`.
+    pub(super) fn needs_report(&self, v: &Variant, i: usize, ck: &Checkpoints) -> bool {
+        let item = &self.dataset.items[i];
+        self.allowed(v, item) && !ck.built.contains(&(v.name.clone(), item.id.clone()))
+    }
+
+    /// The memories missing from the cache that the waves need, with how many each wave waits
+    /// for.
+    pub(super) fn build_tasks(
+        &self,
+        waves: &[&Wave],
+        ck: &Checkpoints,
+    ) -> (Vec<BuildTask<'_>>, Vec<usize>) {
+        let mut tasks = Vec::new();
+        let mut unbuilt = vec![0usize; waves.len()];
+        for (w, wave) in waves.iter().enumerate() {
+            for &(i, qs) in *wave {
+                let item = &self.dataset.items[i];
+                for (hash, group) in construction_groups(&self.variants) {
+                    let needed = group.iter().any(|v| {
+                        !self.pending(v, i, qs, &ck.done).is_empty() || self.needs_report(v, i, ck)
+                    });
+                    if needed
+                        && !construct::is_built(&self.spec.cache, self.dataset.kind, item, &hash)
+                    {
+                        tasks.push(BuildTask {
+                            wave: w,
+                            item: i,
+                            hash,
+                            config: &group[0].config,
+                        });
+                        unbuilt[w] += 1;
+                    }
+                }
+            }
+        }
+        (tasks, unbuilt)
+    }
+}
+
+/// One memory for the background builder to make.
+pub(super) struct BuildTask<'a> {
+    pub(super) wave: usize,
+    pub(super) item: usize,
+    pub(super) hash: String,
+    pub(super) config: &'a Config,
+}
+
+/// The background builder's inputs and its ways of reporting.
+pub(super) struct Builder<'a> {
+    pub(super) tasks: &'a [BuildTask<'a>],
+    /// Raised by the calling thread when it leaves: no new memory is started and the ones in
+    /// progress stop at their next session.
+    pub(super) stop: &'a AtomicBool,
+    pub(super) finished: &'a AtomicBool,
+    pub(super) lines: mpsc::Sender<String>,
+    pub(super) built: mpsc::Sender<Result<BuiltMemory>>,
+}
+
+/// Builds every task's memory, `jobs` at a time, on a thread of `scope`; sends each built memory
+/// (or the error that stopped the builder) and its progress lines.
+pub(super) fn spawn_builder<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    ctx: &'env RunContext<'env>,
+    builder: Builder<'env>,
+) {
+    scope.spawn(move || {
+        let Builder {
+            tasks,
+            stop,
+            finished,
+            lines,
+            built,
+        } = builder;
+        let mut say = |line: String| {
+            let _ = lines.send(line);
+        };
+        let result = for_each_parallel(
+            ctx.spec.jobs,
+            tasks,
+            |task, say| {
+                if stop.load(Ordering::SeqCst) {
+                    anyhow::bail!("the run stopped");
+                }
+                construct::build_or_open(
+                    &ctx.spec.cache,
+                    ctx.dataset.kind,
+                    &ctx.dataset.items[task.item],
+                    task.config,
+                    &task.hash,
+                    ctx.comps.clone(),
+                    Some(stop),
+                    say,
+                )
+                .map(|_| (task.wave, task.item, task.hash.clone()))
+            },
+            &mut say,
+            |memory, _| {
+                let _ = built.send(Ok(memory));
+                Ok(())
+            },
+        );
+        finished.store(true, Ordering::SeqCst);
+        if let Err(e) = result {
+            // Shown at once: the calling thread sees the error only when it next waits for a
+            // memory (after the wave's plans).
+            say(format!("the memory builder stopped: {e:#}"));
+            let _ = built.send(Err(e));
+        }
+    });
+}
+
+/// Plans the wave's pending questions for every planning variant (plans need no memory, so
+/// this runs while the wave's memories are still being built, and plan and encoder calls share
+/// the LLM's batch).
+pub(super) fn plan_wave(
+    ctx: &RunContext,
+    wave: &Wave,
+    ck: &mut Checkpoints,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    for v in ctx.variants.iter().filter(|v| v.plans()) {
+        let questions: Vec<&Question> = wave
+            .iter()
+            .flat_map(|&(i, qs)| {
+                let item = &ctx.dataset.items[i];
+                ctx.pending(v, i, qs, &ck.done)
+                    .into_iter()
+                    .map(move |j| &item.questions[j])
+            })
+            .collect();
+        prefetch_plans(
+            &questions,
+            v,
+            &ctx.comps,
+            &mut ck.plan_logs,
+            &mut ck.plans,
+            ctx.spec.jobs,
+            progress,
+        )?;
+    }
+    Ok(())
+}
+
+/// Waits until the builder has made every memory wave `w` needs, passing its progress lines on.
+pub(super) fn wait_for_wave(
+    w: usize,
+    unbuilt: &mut [usize],
+    built: &mpsc::Receiver<Result<BuiltMemory>>,
+    lines: &mpsc::Receiver<String>,
+    fresh: &mut HashSet<(usize, String)>,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    while unbuilt[w] > 0 {
+        match built.try_recv() {
+            Ok(Ok((x, i, hash))) => {
+                unbuilt[x] -= 1;
+                fresh.insert((i, hash));
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                anyhow::bail!("the memory builder stopped before wave {w}'s memories")
+            }
+            Err(mpsc::TryRecvError::Empty) => {
+                if let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+                    progress(line);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A wave's memories (by item and construction hash) and naive-RAG chunk indexes (by item).
+pub(super) struct OpenWave {
+    pub(super) memories: HashMap<(usize, String), (Memory, Namespace)>,
+    pub(super) indexes: HashMap<usize, ChunkIndex>,
+}
+
+/// Opens (building if needed) the memories the wave's questions need, writes the construction
+/// reports the folder lacks, and builds the naive-RAG chunk indexes.
+pub(super) fn open_wave(
+    ctx: &RunContext,
+    wave: &Wave,
+    ck: &mut Checkpoints,
+    fresh: &HashSet<(usize, String)>,
+    progress: &mut dyn FnMut(String),
+) -> Result<OpenWave> {
+    let mut opened = OpenWave {
+        memories: HashMap::new(),
+        indexes: HashMap::new(),
+    };
+    for &(i, qs) in wave {
+        let item = &ctx.dataset.items[i];
+        for (hash, group) in construction_groups(&ctx.variants) {
+            let need_questions = group
+                .iter()
+                .any(|v| !ctx.pending(v, i, qs, &ck.done).is_empty());
+            let need_report = group.iter().any(|v| ctx.needs_report(v, i, ck));
+            if !need_questions && !need_report {
+                continue;
+            }
+            let (memory, report, cached) = construct::build_or_open(
+                &ctx.spec.cache,
+                ctx.dataset.kind,
+                item,
+                &group[0].config,
+                &hash,
+                ctx.comps.clone(),
+                None,
+                progress,
+            )?;
+            let cached = cached && !fresh.contains(&(i, hash.clone()));
+            progress(format!(
+                "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
+                item.id,
+                if cached { "cached" } else { "built" },
+                report.segments,
+                report.records,
+                report.tokens()
+            ));
+            for v in group.iter().filter(|v| ctx.allowed(v, item)) {
+                ck.report_construction(ctx.spec, &v.name, &report)?;
+            }
+            // A memory opened only for its report line is closed again at once.
+            if need_questions {
+                let ns = construct::namespace(ctx.dataset.kind, &item.id)?;
+                opened.memories.insert((i, hash), (memory, ns));
+            }
+        }
+        let mut naive_pending = false;
+        for v in ctx
+            .variants
+            .iter()
+            .filter(|v| v.kind == VariantKind::NaiveRag)
+        {
+            naive_pending |= !ctx.pending(v, i, qs, &ck.done).is_empty();
+            // Naive RAG builds nothing an LLM pays for; its report line records the item's
+            // turns, written before its questions so a stopped run never lacks it.
+            if ctx.allowed(v, item) {
+                let report = ConstructionReport {
+                    item: item.id.clone(),
+                    hash: "none".into(),
+                    turns: item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
+                    embedder: ctx.base.models.embedder.clone(),
+                    ..Default::default()
+                };
+                ck.report_construction(ctx.spec, &v.name, &report)?;
+            }
+        }
+        if naive_pending {
+            let index = ChunkIndex::build(
+                item,
+                ctx.spec.naive_chunk_turns,
+                ctx.comps.embedder.as_ref(),
+            )?;
+            opened.indexes.insert(i, index);
+        }
+    }
+    Ok(opened)
+}
+
+/// One question to evaluate: (item, variant, question) indexes.
+pub(super) type Task = (usize, usize, usize);
+
+/// Evaluates every pending question of the wave, `jobs` at a time, checkpointing each
+/// prediction as it arrives; `full_context` apart, one at a time, so every call reuses the
+/// cached history prefix and prefills only its question.
+pub(super) fn evaluate_wave(
+    ctx: &RunContext,
+    wave: &Wave,
+    opened: &OpenWave,
+    ck: &mut Checkpoints,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    let mut tasks: Vec<Task> = Vec::new();
+    let mut full_context_tasks: Vec<Task> = Vec::new();
+    for &(i, qs) in wave {
+        for (vi, v) in ctx.variants.iter().enumerate() {
+            for j in ctx.pending(v, i, qs, &ck.done) {
+                if v.kind == VariantKind::FullContext {
+                    full_context_tasks.push((i, vi, j));
+                } else {
+                    tasks.push((i, vi, j));
+                }
+            }
+        }
+    }
+    let Checkpoints {
+        done, plans, clock, ..
+    } = ck;
+    let plans = &*plans;
+    let work = |&task: &Task, _: &mut dyn FnMut(String)| evaluate(ctx, task, opened, plans);
+    let mut save = |p: Prediction, progress: &mut dyn FnMut(String)| {
+        let file = ctx
+            .spec
+            .out
+            .join("predictions")
+            .join(format!("{}.jsonl", p.variant));
+        checkpoint(&file, p, clock, done, progress)
+    };
+    for_each_parallel(ctx.spec.jobs, &tasks, work, progress, &mut save)?;
+    for_each_parallel(1, &full_context_tasks, work, progress, &mut save)
+}
+
+/// One question under one variant: its evidence, then (unless retrieval-only) its answer and
+/// judgement.
+pub(super) fn evaluate(
+    ctx: &RunContext,
+    (i, vi, j): Task,
+    opened: &OpenWave,
+    plans: &HashMap<String, CachedPlan>,
+) -> Result<Prediction> {
+    let (item, v) = (&ctx.dataset.items[i], &ctx.variants[vi]);
+    let q = &item.questions[j];
+    let started = Instant::now();
+    let mut config = v.config.clone();
+    let (evidence, mut p) = match v.kind {
+        VariantKind::Memory => {
+            let (memory, ns) = opened
+                .memories
+                .get(&(i, ctx.construction_hashes[vi].clone()))
+                .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
+            let cached_plan = if v.plans() {
+                let key = plan_key(q, v, &ctx.comps);
+                Some(
+                    plans
+                        .get(&key)
+                        .cloned()
+                        .ok_or_else(|| anyhow::anyhow!("no plan was made for question {}", q.id))?,
+                )
+            } else {
+                None
+            };
+            search_memory(ctx, v, item, q, memory, ns, cached_plan.as_ref())?
+        }
+        VariantKind::NaiveRag => {
+            let index = opened
+                .indexes
+                .get(&i)
+                .ok_or_else(|| anyhow::anyhow!("no chunk index built for {}", item.id))?;
+            let evidence = index.search(
+                &q.question,
+                ctx.spec.top_k.max(1),
+                ctx.comps.embedder.as_ref(),
+            )?;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            let p = base_prediction(v, item, q, &evidence, ms);
+            (evidence, p)
+        }
+        VariantKind::FullContext => {
+            let context = ctx.comps.answer_llm.context_length().unwrap_or(32_768);
+            let budget = context.saturating_sub(ctx.spec.full_context_reserve);
+            let (evidence, dropped) = baseline::full_context(item, budget)?;
+            config.answer.evidence_item_chars = usize::MAX;
+            let ms = started.elapsed().as_secs_f64() * 1e3;
+            let mut p = base_prediction(v, item, q, &evidence, ms);
+            p.note = (dropped > 0).then(|| {
+                format!(
+                    "truncated to the newest {} sessions ({dropped} dropped) to fit {context} tokens",
+                    evidence.len()
+                )
+            });
+            (evidence, p)
+        }
+    };
+    finish(
+        &mut p,
+        ctx.dataset.kind,
+        q,
+        &evidence,
+        &config,
+        ctx.spec,
+        ctx.backends,
+    )?;
+    Ok(p)
+}
+
+/// A memory variant's retrieval for one question, with the logged plan (or none when the
+/// variant does not plan), traced for the stage table.
+pub(super) fn search_memory(
+    ctx: &RunContext,
+    v: &Variant,
+    item: &Item,
+    q: &Question,
+    memory: &Memory,
+    ns: &Namespace,
+    cached_plan: Option<&CachedPlan>,
+) -> Result<(Vec<EvidenceItem>, Prediction)> {
+    let retriever = Retriever {
+        store: memory.store(),
+        embedder: ctx.comps.embedder.as_ref(),
+        reranker: ctx.comps.reranker.as_deref(),
+        planner: None,
+        cfg: &v.config.retrieval,
+    };
+    let result = retriever.search(
+        ns,
+        &SearchRequest {
+            question: &q.question,
+            context: "",
+            reference_date: q.date.as_deref(),
+            top_k: ctx.spec.top_k,
+            plan: cached_plan.map(|p| &p.plan),
+            trace: true,
+            cancel: Default::default(),
+        },
+    )?;
+    let retrieval_ms: f64 = result
+        .timings
+        .iter()
+        .filter(|(k, _)| **k != "plan")
+        .map(|(_, v)| v)
+        .sum();
+    let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
+    p.stages = stage_scores(q, &result.stages);
+    if let Some(c) = cached_plan {
+        p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
+        p.llm_calls += u32::from(c.usage.is_some());
+        p.plan_fallback.clone_from(&c.fallback);
+    } else {
+        p.plan_fallback = Some("planner disabled".into());
+    }
+    Ok((result.evidence, p))
+}
+
+/// Appends a prediction to its variant's checkpoint file, counts it, reports progress.
+pub(super) fn checkpoint(
+    file: &Path,
+    p: Prediction,
+    clock: &mut Clock,
+    done: &mut HashSet<(String, String)>,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    append_line(file, &p)?;
+    if let Some(line) = clock.tick() {
+        progress(format!("[{}] {} {line}", p.variant, p.question_id));
+    }
+    done.insert((p.variant, p.question_id));
+    Ok(())
+}
+
+/// Memory variants grouped by construction hash (variants of one group share one memory).
+pub(super) fn construction_groups(variants: &[Variant]) -> BTreeMap<String, Vec<&Variant>> {
+    let mut groups: BTreeMap<String, Vec<&Variant>> = BTreeMap::new();
+    for v in variants {
+        if v.kind == VariantKind::Memory {
+            groups.entry(v.construction_hash()).or_default().push(v);
+        }
+    }
+    groups
+}
+
+pub(super) fn base_prediction(
+    v: &Variant,
+    item: &Item,
+    q: &Question,
+    evidence: &[EvidenceItem],
+    retrieval_ms: f64,
+) -> Prediction {
+    let turns = retrieved_turns(evidence);
+    Prediction {
+        variant: v.name.clone(),
+        item: item.id.clone(),
+        question_id: q.id.clone(),
+        category: q.category.clone(),
+        abstention: q.abstention,
+        prediction: None,
+        evidence: evidence_refs(evidence),
+        recall: metrics::turn_recall(&q.evidence, &turns),
+        session_recall: metrics::session_recall(&q.evidence_sessions, &turns),
+        f1: None,
+        judge_correct: None,
+        judge_raw: None,
+        plan_tokens: 0,
+        answer_tokens: 0,
+        judge_tokens: 0,
+        context_tokens: evidence
+            .iter()
+            .map(|e| u64::from(estimate_tokens(&e.evidence.text)))
+            .sum(),
+        llm_calls: 0,
+        retrieval_ms,
+        answer_ms: 0.0,
+        plan_fallback: None,
+        note: None,
+        stages: Vec::new(),
+    }
+}
+
+/// Answers and judges (unless retrieval-only).
+pub(super) fn finish(
+    p: &mut Prediction,
+    kind: DatasetKind,
+    q: &Question,
+    evidence: &[EvidenceItem],
+    config: &Config,
+    spec: &RunSpec,
+    backends: &Backends,
+) -> Result<()> {
+    if spec.retrieval_only {
+        return Ok(());
+    }
+    let clock = Instant::now();
+    let reply = lycheemem_retrieve::answer(
+        backends.components.answer_llm.as_ref(),
+        &q.question,
+        q.date.as_deref(),
+        evidence,
+        &config.answer,
+        &Default::default(),
+    )?;
+    p.answer_ms = clock.elapsed().as_secs_f64() * 1e3;
+    p.answer_tokens = tokens(&reply.usage);
+    p.llm_calls += 1;
+    if kind == DatasetKind::Locomo {
+        p.f1 = Some(metrics::locomo_f1(
+            &reply.text,
+            &q.answer,
+            q.category_number,
+        ));
+    }
+    if let Some(judge) = &backends.judge {
+        let v = metrics::judge(judge.as_ref(), kind, q, &reply.text)?;
+        p.judge_correct = Some(v.correct);
+        p.judge_raw = Some(v.raw);
+        p.judge_tokens = tokens(&v.usage);
+    }
+    p.prediction = Some(reply.text);
+    Ok(())
+}
