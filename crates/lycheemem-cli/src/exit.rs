@@ -43,6 +43,9 @@ fn hint_for(err: &anyhow::Error) -> Option<&'static str> {
                 E::Config(_) => {
                     Some("see the Configuration section of the README; unknown keys are errors")
                 }
+                E::Budget(_) => Some(
+                    "a prompt did not fit the model's context: use a model with a longer context or lower retrieval.evidence_token_budget",
+                ),
                 E::Model(_) => Some(
                     "`lycheemem models list` shows what is fetched; `lycheemem models verify` re-hashes it",
                 ),

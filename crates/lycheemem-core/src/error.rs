@@ -30,6 +30,10 @@ pub enum Error {
     /// The work was stopped because its caller went away (see [`crate::Cancel`]).
     #[error("cancelled: {0}")]
     Cancelled(String),
+    /// The work needs more than a budget allows (e.g. a prompt plus its completion budget
+    /// exceeds the model's context).
+    #[error("over budget: {0}")]
+    Budget(String),
     /// The storage is held by another process (a store directory is opened by one process at
     /// a time; reach a shared memory through its server).
     #[error("locked: {0}")]

@@ -316,7 +316,7 @@ impl LocalLlm {
         opts.cancel.check("the LLM call")?;
         let (_, prompt) = self.prompt_tokens(messages)?;
         if prompt.len() + opts.max_tokens as usize > self.shared.context_length {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::Budget(format!(
                 "prompt of {} tokens plus max_tokens {} exceeds the context of {} tokens of {}",
                 prompt.len(),
                 opts.max_tokens,

@@ -117,9 +117,16 @@ fn context_guard_is_a_clear_error() {
     let long = "word ".repeat(9000);
     let err = model()
         .complete(&ask(&long), &GenerateOptions::default())
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("exceeds the context of 8192 tokens"), "{err}");
+        .unwrap_err();
+    assert!(
+        matches!(err, lycheemem_core::Error::Budget(_)),
+        "a typed budget error: {err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("exceeds the context of 8192 tokens"),
+        "{err}"
+    );
 }
 
 fn record_schema() -> serde_json::Value {

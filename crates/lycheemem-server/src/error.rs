@@ -87,6 +87,9 @@ impl From<lycheemem_core::Error> for ApiError {
             }
             E::Model(m) => ApiError::new(StatusCode::BAD_GATEWAY, "model_error", m.clone()),
             E::Locked(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "locked", m.clone()),
+            E::Budget(m) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "over_budget", m.clone())
+            }
             _ => ApiError::internal(e.to_string()),
         }
     }
