@@ -303,6 +303,15 @@ struct Selector<'a> {
     score_ratio: f32,
 }
 
+/// What the chosen items hold when a pick starts: the turns they show, how many are raw, the
+/// routes they cover, their tokens.
+struct Chosen<'a> {
+    shown: BTreeSet<&'a (String, u32)>,
+    raw_count: usize,
+    covered: BTreeSet<&'a String>,
+    spent: usize,
+}
+
 /// What the picks of one pass over the pool hold fixed: the pool, its relevance scale and the
 /// raw-score floor of the count limiter.
 struct Pass {
@@ -379,26 +388,33 @@ impl<'a> Selector<'a> {
         }
     }
 
+    /// What the chosen items already hold, for [`Selector::refusal`] (computed once per pick).
+    fn chosen_summary(&self) -> Chosen<'_> {
+        let fused = self.fused;
+        Chosen {
+            shown: self.chosen.iter().flat_map(|&c| &self.turns[c]).collect(),
+            raw_count: self
+                .chosen
+                .iter()
+                .filter(|&&c| fused[c].candidate.is_raw())
+                .count(),
+            covered: self.chosen.iter().flat_map(|&c| &fused[c].routes).collect(),
+            spent: self.chosen.iter().map(|&c| self.tokens[c]).sum(),
+        }
+    }
+
     /// Why candidate `i` cannot be chosen now, if it cannot: its turns are all shown, the count
     /// limiter, or the token budget.
-    fn refusal(&self, i: usize, pass: &Pass) -> Option<DropReason> {
+    fn refusal(&self, i: usize, pass: &Pass, held: &Chosen) -> Option<DropReason> {
         let (fused, cfg, chosen) = (self.fused, self.cfg, &self.chosen);
         let f = &fused[i];
         if f.candidate.is_raw() {
-            let shown: BTreeSet<&(String, u32)> =
-                chosen.iter().flat_map(|&c| &self.turns[c]).collect();
-            if self.turns[i].iter().all(|t| shown.contains(t)) && !self.turns[i].is_empty() {
+            if self.turns[i].iter().all(|t| held.shown.contains(t)) && !self.turns[i].is_empty() {
                 return Some(DropReason::Covered);
             }
             if cfg.raw_count_limiter {
-                let raw_count = chosen
-                    .iter()
-                    .filter(|&&c| fused[c].candidate.is_raw())
-                    .count();
-                let covered: BTreeSet<&String> =
-                    chosen.iter().flat_map(|&c| &fused[c].routes).collect();
-                let covers_new_route = f.routes.iter().any(|r| !covered.contains(r));
-                if !((raw_count < self.raw_budget && f.final_score >= pass.raw_floor)
+                let covers_new_route = f.routes.iter().any(|r| !held.covered.contains(r));
+                if !((held.raw_count < self.raw_budget && f.final_score >= pass.raw_floor)
                     || covers_new_route)
                 {
                     return Some(DropReason::RawLimiter);
@@ -406,14 +422,13 @@ impl<'a> Selector<'a> {
             }
         }
         if cfg.evidence_token_budget > 0 && !chosen.is_empty() {
-            let spent: usize = chosen.iter().map(|&c| self.tokens[c]).sum();
             // A window frees the tokens of the chosen raw turns it contains.
             let freed: usize = chosen
                 .iter()
                 .filter(|&&c| f.candidate.is_raw() && shown_inside(&self.turns[c], &self.turns[i]))
                 .map(|&c| self.tokens[c])
                 .sum();
-            if spent - freed + self.tokens[i] > cfg.evidence_token_budget {
+            if held.spent - freed + self.tokens[i] > cfg.evidence_token_budget {
                 return Some(DropReason::TokenBudget);
             }
         }
@@ -424,6 +439,8 @@ impl<'a> Selector<'a> {
     /// false when none is admissible.
     fn pick(&mut self, only_route: Option<&String>, pass: &Pass) -> bool {
         let mut best: Option<(usize, f64)> = None;
+        let mut refused: Vec<(usize, DropReason)> = Vec::new();
+        let held = self.chosen_summary();
         for &i in &pass.pool {
             if self.chosen.contains(&i)
                 || self.replaced.contains(&i)
@@ -431,8 +448,8 @@ impl<'a> Selector<'a> {
             {
                 continue;
             }
-            if let Some(reason) = self.refusal(i, pass) {
-                self.reasons.insert(i, reason);
+            if let Some(reason) = self.refusal(i, pass, &held) {
+                refused.push((i, reason));
                 continue;
             }
             let score = if self.cfg.mmr {
@@ -445,6 +462,8 @@ impl<'a> Selector<'a> {
                 best = Some((i, score));
             }
         }
+        drop(held);
+        self.reasons.extend(refused);
         let Some((i, score)) = best else {
             return false;
         };

@@ -112,6 +112,17 @@ impl Checkpoints {
 }
 
 impl RunContext<'_> {
+    /// Memory variants grouped by construction hash (variants of one group share one memory).
+    fn construction_groups(&self) -> BTreeMap<String, Vec<&Variant>> {
+        let mut groups: BTreeMap<String, Vec<&Variant>> = BTreeMap::new();
+        for (v, hash) in self.variants.iter().zip(&self.construction_hashes) {
+            if v.kind == VariantKind::Memory {
+                groups.entry(hash.clone()).or_default().push(v);
+            }
+        }
+        groups
+    }
+
     /// Whether variant `v` runs on `item` (`spec.variant_items`).
     pub(super) fn allowed(&self, v: &Variant, item: &Item) -> bool {
         self.spec
@@ -156,7 +167,7 @@ impl RunContext<'_> {
         for (w, wave) in waves.iter().enumerate() {
             for &(i, qs) in *wave {
                 let item = &self.dataset.items[i];
-                for (hash, group) in construction_groups(&self.variants) {
+                for (hash, group) in self.construction_groups() {
                     let needed = group.iter().any(|v| {
                         !self.pending(v, i, qs, &ck.done).is_empty() || self.needs_report(v, i, ck)
                     });
@@ -332,7 +343,7 @@ pub(super) fn open_wave(
     };
     for &(i, qs) in wave {
         let item = &ctx.dataset.items[i];
-        for (hash, group) in construction_groups(&ctx.variants) {
+        for (hash, group) in ctx.construction_groups() {
             let need_questions = group
                 .iter()
                 .any(|v| !ctx.pending(v, i, qs, &ck.done).is_empty());
@@ -578,17 +589,6 @@ pub(super) fn checkpoint(
     }
     done.insert((p.variant, p.question_id));
     Ok(())
-}
-
-/// Memory variants grouped by construction hash (variants of one group share one memory).
-pub(super) fn construction_groups(variants: &[Variant]) -> BTreeMap<String, Vec<&Variant>> {
-    let mut groups: BTreeMap<String, Vec<&Variant>> = BTreeMap::new();
-    for v in variants {
-        if v.kind == VariantKind::Memory {
-            groups.entry(v.construction_hash()).or_default().push(v);
-        }
-    }
-    groups
 }
 
 pub(super) fn base_prediction(
