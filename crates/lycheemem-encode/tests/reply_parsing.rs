@@ -24,20 +24,7 @@ fn hostile_string() -> impl Strategy<Value = String> {
 }
 
 fn hostile_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        any::<i64>().prop_map(Value::from),
-        any::<f64>().prop_map(|f| json!(f)),
-        hostile_string().prop_map(Value::from),
-    ];
-    leaf.prop_recursive(3, 24, 4, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-            prop::collection::btree_map("[a-z_]{1,12}", inner, 0..4)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    })
+    lycheemem_testkit::hostile_json(hostile_string().boxed(), &[])
 }
 
 fn turn_id() -> impl Strategy<Value = Value> {

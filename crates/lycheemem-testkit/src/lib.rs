@@ -321,3 +321,38 @@ pub fn pipeline_reply(answer: &str) -> impl Fn(&str, &str) -> String + Send + Sy
         }
     }
 }
+
+/// Hostile JSON for property tests of anything that reads JSON from a user or an LLM: nulls,
+/// booleans, extreme numbers and `strings` as leaves, nested up to four levels in lists and
+/// objects whose keys are drawn from `keys` (the names the reader looks for) or are random.
+pub fn hostile_json(
+    strings: proptest::strategy::BoxedStrategy<String>,
+    keys: &'static [&'static str],
+) -> proptest::strategy::BoxedStrategy<serde_json::Value> {
+    use proptest::prelude::*;
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| serde_json::json!(f)),
+        strings.prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 48, 5, move |inner| {
+        let key = if keys.is_empty() {
+            "[a-z_]{1,12}".boxed()
+        } else {
+            prop_oneof![
+                prop::sample::select(keys).prop_map(str::to_string),
+                "[a-z_]{1,12}",
+            ]
+            .boxed()
+        };
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            prop::collection::btree_map(key, inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+    .boxed()
+}
