@@ -50,6 +50,7 @@ mod keys;
 pub mod rules;
 mod store;
 mod tables;
+pub mod text;
 mod transfer;
 mod types;
 mod vectors;
@@ -65,7 +66,9 @@ pub mod prelude {
         MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLookup, StoreSearch, StoreWrite,
     };
 }
-pub use transfer::{EmbedFn, ExportOptions, ImportReceipt};
+pub use transfer::{
+    EmbedFn, ExportOptions, ExportWriter, ImportReceipt, Line as ExportLine, read_import,
+};
 pub use types::{
     DeleteReceipt, Hit, ItemRef, NamespaceStats, SegmentOutcome, SegmentRow, SegmentWrite,
     SessionInfo, StoreOptions, Target, VectorQuery, WriteReceipt,

@@ -3,7 +3,7 @@
 //! when it loses records (docs/algorithm.md, "Storage rules"). Pure functions over the core
 //! types.
 
-use lycheemem_core::{EvidenceNode, Record};
+use lycheemem_core::{EvidenceNode, Record, Turn};
 
 /// Identical text → same id → one record with unioned provenance (docs/algorithm.md, "Storage
 /// rules"). The first statement stays the record (its session, segment, date, type and
@@ -45,4 +45,25 @@ pub fn rebuild_node(mut node: EvidenceNode, records: &[Record], text_chars: usiz
         text_chars,
     );
     node
+}
+
+/// The full-text document of a record: its normalized text, then its entities and tags, each
+/// after ` | `.
+pub fn record_search_text(r: &Record) -> String {
+    let mut text = r.normalized_text.clone();
+    for extra in r.entities.iter().chain(&r.tags) {
+        text.push_str(" | ");
+        text.push_str(extra);
+    }
+    text
+}
+
+/// The text a record's vector is computed from (its normalized text).
+pub fn record_embed_text(r: &Record) -> String {
+    r.normalized_text.clone()
+}
+
+/// The full-text document and embedded text of a raw turn: `author: text`.
+pub fn turn_search_text(t: &Turn) -> String {
+    format!("{}: {}", t.author(), t.text)
 }

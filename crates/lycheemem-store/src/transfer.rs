@@ -53,9 +53,11 @@ pub struct ImportReceipt {
     pub vectors_pending: u64,
 }
 
+/// One line of an export file. Backends write these through [`ExportWriter`] and read them
+/// back with [`read_import`]; `Header` and `End` are the file's framing.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-enum Line {
+pub enum Line {
     Header {
         format: String,
         version: u32,
@@ -90,7 +92,7 @@ enum Line {
 
 /// Lines of each kind in an export (its `end` line).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct LineCounts {
+pub struct LineCounts {
     sessions: u64,
     turns: u64,
     segments: u64,
@@ -238,8 +240,8 @@ fn validate(lines: &[Line]) -> Result<()> {
 /// Text embedded for each kind of item, the same text the indexes see.
 fn embed_text(line: &Line) -> Option<String> {
     match line {
-        Line::Turn { turn, .. } => Some(format!("{}: {}", turn.author(), turn.text)),
-        Line::Record { record, .. } => Some(record.normalized_text.clone()),
+        Line::Turn { turn, .. } => Some(crate::rules::turn_search_text(turn)),
+        Line::Record { record, .. } => Some(crate::rules::record_embed_text(record)),
         Line::Node { node, .. } => Some(node.search_text.clone()),
         _ => None,
     }
@@ -250,7 +252,75 @@ fn write_line(out: &mut dyn Write, line: &Line) -> Result<()> {
     writeln!(out, "{json}").map_err(|e| Error::Store(format!("export write failed: {e}")))
 }
 
-impl Store {}
+/// Writes an export: the header on creation, one line per item, the `end` line with the
+/// per-kind counts on [`ExportWriter::finish`].
+pub struct ExportWriter<'a> {
+    out: &'a mut dyn Write,
+    lines: u64,
+    counts: LineCounts,
+}
+
+impl<'a> ExportWriter<'a> {
+    /// Starts an export of namespace `ns` of a store of `dims`-dimensional vectors.
+    pub fn new(out: &'a mut dyn Write, ns: &Namespace, dims: usize) -> Result<Self> {
+        write_line(
+            out,
+            &Line::Header {
+                format: FORMAT.into(),
+                version: VERSION,
+                namespace: ns.to_string(),
+                dims,
+            },
+        )?;
+        Ok(ExportWriter {
+            out,
+            lines: 1,
+            counts: LineCounts::default(),
+        })
+    }
+
+    /// Writes one item line (a header or end line passed here is refused).
+    pub fn write(&mut self, line: &Line) -> Result<()> {
+        if matches!(line, Line::Header { .. } | Line::End(_)) {
+            return Err(Error::Store(
+                "export: the header and end lines are written by the exporter".into(),
+            ));
+        }
+        self.counts.count(line);
+        self.lines += 1;
+        write_line(self.out, line)
+    }
+
+    /// Writes the end line; returns the number of lines written.
+    pub fn finish(self) -> Result<u64> {
+        write_line(self.out, &Line::End(self.counts))?;
+        Ok(self.lines + 1)
+    }
+}
+
+/// Reads, checks and completes an export for import into a store of `dims`-dimensional
+/// vectors: the whole file is parsed and validated (header, counts, references) before the
+/// caller writes anything, and vectors the file lacks (or whose dimension differs) are computed
+/// with `embed` or counted as pending. Returns the lines in file order and a receipt holding
+/// the vector counts; the caller adds the row counts as it writes.
+pub fn read_import(
+    input: &mut dyn BufRead,
+    dims: usize,
+    embed: Option<&EmbedFn>,
+) -> Result<(Vec<Line>, ImportReceipt)> {
+    let mut lines = read_export(input)?;
+    let Some(Line::Header {
+        dims: file_dims, ..
+    }) = lines.first()
+    else {
+        return Err(Error::InvalidInput("import: empty file".into()));
+    };
+    let same_dims = *file_dims == dims;
+    validate(&lines)?;
+    let mut receipt = ImportReceipt::default();
+    fill_vectors(&mut lines, same_dims, embed, &mut receipt)?;
+    Ok((lines, receipt))
+}
 
 /// The bodies of [`StoreAdmin::export`] and [`StoreAdmin::import`] for the redb store.
 impl Store {
@@ -272,19 +342,8 @@ impl Store {
                 .map_err(db_err)?
                 .map(|v| vector_from_bytes(v.value())))
         };
-        let mut n = 0u64;
-        let mut counts = LineCounts::default();
-        let mut emit = |line: Line| -> Result<()> {
-            n += 1;
-            counts.count(&line);
-            write_line(out, &line)
-        };
-        emit(Line::Header {
-            format: FORMAT.into(),
-            version: VERSION,
-            namespace: ns.to_string(),
-            dims: self.options().dims,
-        })?;
+        let mut export = ExportWriter::new(out, ns, self.options().dims)?;
+        let mut emit = |line: Line| export.write(&line);
         for (_, v) in scan_prefix(&txn.open_table(SESSIONS).map_err(db_err)?, &prefix)? {
             emit(Line::Session(from_json(&v, "session")?))?;
         }
@@ -331,8 +390,7 @@ impl Store {
         for (_, v) in scan_prefix(&txn.open_table(USAGE).map_err(db_err)?, &prefix)? {
             emit(Line::Usage(from_json(&v, "usage")?))?;
         }
-        write_line(out, &Line::End(counts))?;
-        Ok(n + 1)
+        export.finish()
     }
 
     pub(crate) fn import_lines(
@@ -346,15 +404,7 @@ impl Store {
                 "namespace {ns} is not empty; import into a new namespace or delete it first"
             )));
         }
-        let mut lines = read_export(input)?;
-        let Some(Line::Header { dims, .. }) = lines.first() else {
-            return Err(Error::InvalidInput("import: empty file".into()));
-        };
-        let dims = *dims;
-        validate(&lines)?;
-        let same_dims = dims == self.options().dims;
-        let mut receipt = ImportReceipt::default();
-        fill_vectors(&mut lines, same_dims, embed, &mut receipt)?;
+        let (lines, mut receipt) = read_import(input, self.options().dims, embed)?;
         self.write(|w| {
             for line in lines {
                 match line {

@@ -257,7 +257,8 @@ pub struct DeleteReceipt {
 }
 
 impl DeleteReceipt {
-    pub(crate) fn add(&mut self, other: &DeleteReceipt) {
+    /// Adds another receipt's counts to this one.
+    pub fn add(&mut self, other: &DeleteReceipt) {
         self.sessions += other.sessions;
         self.turns += other.turns;
         self.segments += other.segments;

@@ -18,6 +18,7 @@ use std::sync::{Mutex, RwLock};
 use crate::backend::{StoreAdmin, StoreCatalog, StoreLookup, StoreSearch, StoreWrite};
 use crate::fulltext::{FullText, TextDoc};
 use crate::keys;
+use crate::rules::{record_search_text as record_text, turn_search_text as turn_text};
 use crate::tables::*;
 use crate::types::*;
 use crate::vectors::VectorIndexes;
@@ -74,19 +75,6 @@ struct IndexedItem {
     key: u64,
     text: String,
     sessions: Vec<String>,
-}
-
-fn record_text(r: &Record) -> String {
-    let mut text = r.normalized_text.clone();
-    for extra in r.entities.iter().chain(&r.tags) {
-        text.push_str(" | ");
-        text.push_str(extra);
-    }
-    text
-}
-
-fn turn_text(t: &Turn) -> String {
-    format!("{}: {}", t.author(), t.text)
 }
 
 impl Store {

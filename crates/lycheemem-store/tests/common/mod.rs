@@ -10,15 +10,42 @@ use std::collections::BTreeSet;
 
 pub const DIMS: usize = 8;
 
-/// The backend the conformance suite runs against: `LYCHEEMEM_TEST_BACKEND` (`redb`, the
-/// default). A new backend adds its constructor here.
+/// The backend the conformance suite runs against: `LYCHEEMEM_TEST_BACKEND` — `redb` (the
+/// default) or `postgres`, which needs `LYCHEEMEM_TEST_POSTGRES_URL` (a database with pgvector;
+/// `scripts/postgres.sh start DIR` prints one). A PostgreSQL store lives in a schema named
+/// after `dir`, so reopening the same directory reopens the same store and every test gets its
+/// own. A new backend adds its constructor here.
 pub fn open_backend(dir: &std::path::Path) -> Box<dyn lycheemem_store::MemoryStore> {
     match std::env::var("LYCHEEMEM_TEST_BACKEND").as_deref() {
         Ok("redb") | Err(_) => Box::new(
             lycheemem_store::Store::open(dir, lycheemem_store::StoreOptions::new(DIMS)).unwrap(),
         ),
-        Ok(other) => panic!("unknown LYCHEEMEM_TEST_BACKEND {other:?} (known: redb)"),
+        Ok("postgres") => {
+            let url = std::env::var("LYCHEEMEM_TEST_POSTGRES_URL").expect(
+                "LYCHEEMEM_TEST_BACKEND=postgres needs LYCHEEMEM_TEST_POSTGRES_URL \
+                 (scripts/postgres.sh start DIR prints one)",
+            );
+            let config =
+                lycheemem_store_postgres::PgConfig::new(url).with_schema(postgres_schema(dir));
+            Box::new(
+                lycheemem_store_postgres::PgStore::open(
+                    &config,
+                    lycheemem_store::StoreOptions::new(DIMS),
+                )
+                .unwrap(),
+            )
+        }
+        Ok(other) => panic!("unknown LYCHEEMEM_TEST_BACKEND {other:?} (known: redb, postgres)"),
     }
+}
+
+/// A schema name unique to a directory: `t_` and a hash of its path.
+fn postgres_schema(dir: &std::path::Path) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in dir.to_string_lossy().bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("t_{h:016x}")
 }
 
 pub fn ns(name: &str) -> Namespace {

@@ -1,0 +1,342 @@
+//! Vector, full-text and temporal search ([`StoreSearch`]).
+//!
+//! Vector search: a namespace (or filter) of at most `exact_search_below` vectors is scanned
+//! exactly (ordered by distance, then insertion key — two sort keys, so the HNSW index cannot
+//! serve it); a larger one goes through the target's HNSW index with iterative scans in strict
+//! order, and falls back to the exact scan when a filtered search returns fewer than `k` hits
+//! while more matching vectors exist. Scores are cosine similarities (1 − cosine distance).
+//!
+//! Full text: BM25 over the namespace's live documents, with the analyzer and arithmetic of
+//! [`lycheemem_store::text`]. The database ranks candidates in double precision and returns
+//! `k` plus a margin; their scores are then recomputed in single precision exactly as the
+//! embedded backend's, and ties are ranked by id.
+
+use lycheemem_core::date::parse_date;
+use lycheemem_core::{Error, EvidenceNode, Namespace, NodeKind, Result, SessionId};
+use lycheemem_store::text::{self, Bm25};
+use lycheemem_store::{Hit, ItemRef, StoreSearch, Target, VectorQuery};
+use pgvector::Vector;
+use postgres::types::ToSql;
+use std::collections::HashMap;
+
+use crate::{PgStore, from_json, item_ref, pg_err};
+
+/// Extra candidates fetched past `k` so that ties at the cut are ranked by id.
+const TIE_MARGIN: i64 = 16;
+
+/// Which items of a target a vector search may return.
+enum Filter<'a> {
+    All,
+    Session(&'a SessionId),
+    Ids(&'a [String]),
+}
+
+impl PgStore {
+    /// The SQL condition (on `lm_items i`, parameters from `$4`) and its parameters.
+    fn filter_sql<'a>(
+        target: Target,
+        filter: &'a Filter<'a>,
+        session_param: &'a String,
+    ) -> (String, Vec<&'a (dyn ToSql + Sync)>) {
+        match filter {
+            Filter::All => (String::new(), Vec::new()),
+            Filter::Ids(ids) => (
+                " AND i.id = ANY($4)".into(),
+                vec![ids as &(dyn ToSql + Sync)],
+            ),
+            Filter::Session(_) => match target {
+                Target::Node(_) => (
+                    " AND i.id IN (SELECT rn.node_id FROM lm_record_nodes rn \
+                     JOIN lm_records r ON r.ns = rn.ns AND r.id = rn.record_id \
+                     WHERE rn.ns = $1 AND r.session = $4)"
+                        .into(),
+                    vec![session_param as &(dyn ToSql + Sync)],
+                ),
+                _ => (
+                    " AND $4 = ANY(i.sessions)".into(),
+                    vec![session_param as &(dyn ToSql + Sync)],
+                ),
+            },
+        }
+    }
+
+    fn search_vectors(
+        &self,
+        ns: &Namespace,
+        target: Target,
+        vector: &[f32],
+        k: usize,
+        filter: Filter<'_>,
+    ) -> Result<Vec<Hit>> {
+        if vector.len() != self.options.dims {
+            return Err(Error::InvalidInput(format!(
+                "query vector has {} dimensions, the store holds {}",
+                vector.len(),
+                self.options.dims
+            )));
+        }
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let session_param = match &filter {
+            Filter::Session(s) => s.to_string(),
+            _ => String::new(),
+        };
+        let (cond, extra) = Self::filter_sql(target, &filter, &session_param);
+        let t = target.as_str();
+        let vt = self.vector_type;
+        let q = Vector::from(vector.to_vec());
+        let k_sql = i64::try_from(k).unwrap_or(i64::MAX);
+        let ns_s = ns.as_str();
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&ns_s, &q, &k_sql];
+        params.extend(extra);
+        let mut conn = self.conn()?;
+        let mut tx = conn.transaction().map_err(pg_err)?;
+        let available: i64 = tx
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM lm_items i WHERE i.ns = $1 AND i.target = '{t}' \
+                     AND i.embedding IS NOT NULL AND $2::vector IS NOT NULL \
+                     AND $3::bigint IS NOT NULL{cond}"
+                ),
+                &params,
+            )
+            .map_err(pg_err)?
+            .get(0);
+        let available = available.max(0) as usize;
+        let exact_sql = format!(
+            "SELECT i.id, (i.embedding <=> $2::vector::{vt}) AS d FROM lm_items i \
+             WHERE i.ns = $1 AND i.target = '{t}' AND i.embedding IS NOT NULL{cond} \
+             ORDER BY d, i.key LIMIT $3"
+        );
+        let rows = if available <= self.options.index.exact_search_below {
+            tx.query(&exact_sql, &params).map_err(pg_err)?
+        } else {
+            let ef = self
+                .options
+                .index
+                .hnsw_expansion_search
+                .max(k)
+                .clamp(1, 1000);
+            tx.batch_execute(&format!(
+                "SET LOCAL hnsw.ef_search = {ef}; SET LOCAL hnsw.iterative_scan = strict_order"
+            ))
+            .map_err(pg_err)?;
+            let rows = tx
+                .query(
+                    &format!(
+                        "SELECT i.id, (i.embedding <=> $2::vector::{vt}) AS d FROM lm_items i \
+                         WHERE i.ns = $1 AND i.target = '{t}' AND i.embedding IS NOT NULL{cond} \
+                         ORDER BY i.embedding <=> $2::vector::{vt} LIMIT $3"
+                    ),
+                    &params,
+                )
+                .map_err(pg_err)?;
+            if rows.len() >= k.min(available) {
+                rows
+            } else {
+                tx.query(&exact_sql, &params).map_err(pg_err)?
+            }
+        };
+        tx.commit().map_err(pg_err)?;
+        rows.into_iter()
+            .map(|r| {
+                let d: f64 = r.get(1);
+                Ok(Hit {
+                    item: item_ref(target, r.get(0))?,
+                    target,
+                    score: (1.0 - d) as f32,
+                })
+            })
+            .collect()
+    }
+}
+
+impl StoreSearch for PgStore {
+    fn vector_search(&self, ns: &Namespace, q: &VectorQuery) -> Result<Vec<Hit>> {
+        let filter = match &q.session {
+            Some(s) => Filter::Session(s),
+            None => Filter::All,
+        };
+        self.search_vectors(ns, q.target, &q.vector, q.k, filter)
+    }
+
+    fn vector_search_within(
+        &self,
+        ns: &Namespace,
+        target: Target,
+        vector: &[f32],
+        k: usize,
+        ids: &[String],
+    ) -> Result<Vec<Hit>> {
+        self.search_vectors(ns, target, vector, k, Filter::Ids(ids))
+    }
+
+    fn text_search(
+        &self,
+        ns: &Namespace,
+        target: Target,
+        query: &str,
+        k: usize,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<Hit>> {
+        let terms = text::query_terms(&mut text::analyzer(), query);
+        if terms.is_empty() || k == 0 {
+            return Ok(Vec::new());
+        }
+        let n = ns.as_str();
+        let mut conn = self.conn()?;
+        let mut tx = conn
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(pg_err)?;
+        let Some(stats) = tx
+            .query_opt(
+                "SELECT docs, tokens FROM lm_text_stats WHERE ns = $1",
+                &[&n],
+            )
+            .map_err(pg_err)?
+        else {
+            return Ok(Vec::new());
+        };
+        let (docs, tokens): (i64, i64) = (stats.get(0), stats.get(1));
+        if docs <= 0 {
+            return Ok(Vec::new());
+        }
+        let bm25 = Bm25::new(docs as u64, tokens.max(0) as u64);
+        let df: HashMap<String, i64> = tx
+            .query(
+                "SELECT term, count(*) FROM lm_postings WHERE ns = $1 AND term = ANY($2) \
+                 GROUP BY term",
+                &[&n, &terms],
+            )
+            .map_err(pg_err)?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let weights: Vec<f32> = terms
+            .iter()
+            .map(|t| bm25.term_weight(df.get(t).copied().unwrap_or(0).max(0) as u64))
+            .collect();
+        let weights_sql: Vec<f64> = weights.iter().map(|w| f64::from(*w)).collect();
+        let norms: Vec<i32> = (0..=255u8).map(|id| text::norm_of(id) as i32).collect();
+        let avg = f64::from(bm25.average_norm());
+        let limit = i64::try_from(k)
+            .unwrap_or(i64::MAX)
+            .saturating_add(TIE_MARGIN);
+        let session_s = session.map(|s| s.to_string());
+        let t = target.as_str();
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT p.id, i.norm_id, array_agg(p.term), array_agg(p.tf), \
+                       sum(w.weight * p.tf / (p.tf + {k1} * (1 - {b} + {b} * \
+                           ($4::int[])[i.norm_id + 1] / $5::float8))) AS s \
+                     FROM lm_postings p \
+                     JOIN unnest($2::text[], $3::float8[]) AS w(term, weight) ON p.term = w.term \
+                     JOIN lm_items i ON i.ns = p.ns AND i.target = p.target AND i.id = p.id \
+                     WHERE p.ns = $1 AND p.target = '{t}' \
+                       AND ($6::text IS NULL OR $6::text = ANY(i.sessions)) \
+                     GROUP BY p.id, i.norm_id ORDER BY s DESC, p.id LIMIT $7",
+                    k1 = text::BM25_K1,
+                    b = text::BM25_B,
+                ),
+                &[&n, &terms, &weights_sql, &norms, &avg, &session_s, &limit],
+            )
+            .map_err(pg_err)?;
+        tx.commit().map_err(pg_err)?;
+        let position: HashMap<&str, usize> = terms
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.as_str(), i))
+            .collect();
+        let mut scored: Vec<(String, f32)> = Vec::with_capacity(rows.len());
+        for r in rows {
+            let id: String = r.get(0);
+            let norm_id = r.get::<_, i16>(1) as u8;
+            let doc_terms: Vec<String> = r.get(2);
+            let tfs: Vec<i32> = r.get(3);
+            let mut matched: Vec<(usize, u32)> = doc_terms
+                .iter()
+                .zip(tfs)
+                .filter_map(|(term, tf)| Some((*position.get(term.as_str())?, tf.max(0) as u32)))
+                .collect();
+            matched.sort_unstable();
+            let score = matched.iter().fold(0.0f32, |acc, (i, tf)| {
+                acc + bm25.term_score(weights[*i], *tf, norm_id)
+            });
+            scored.push((id, score));
+        }
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        scored.truncate(k);
+        scored
+            .into_iter()
+            .map(|(id, score)| {
+                Ok(Hit {
+                    item: item_ref(target, &id)?,
+                    target,
+                    score,
+                })
+            })
+            .collect()
+    }
+
+    fn temporal_nodes(
+        &self,
+        ns: &Namespace,
+        since: &str,
+        until: &str,
+    ) -> Result<Vec<EvidenceNode>> {
+        let parse = |s: &str| {
+            parse_date(s)
+                .map(|d| d.date)
+                .ok_or_else(|| Error::InvalidInput(format!("unparseable date bound {s:?}")))
+        };
+        let (since, until) = (parse(since)?.first_day(), parse(until)?.last_day());
+        if since > until {
+            return Ok(Vec::new());
+        }
+        let day = |d: chrono::NaiveDate| NodeKind::Temporal.node_id(&format!("day:{d}"));
+        let month = |d: chrono::NaiveDate| {
+            NodeKind::Temporal.node_id(&format!("month:{}", d.format("%Y-%m")))
+        };
+        let mut conn = self.conn()?;
+        let mut out = Vec::new();
+        for (lo, hi) in [(day(since), day(until)), (month(since), month(until))] {
+            for r in conn
+                .query(
+                    "SELECT body FROM lm_nodes WHERE ns = $1 AND id >= $2 AND id <= $3 ORDER BY id",
+                    &[&ns.as_str(), &lo, &hi],
+                )
+                .map_err(pg_err)?
+            {
+                out.push(from_json(r.get(0), "node")?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The stored vectors: the database holds one copy, at the index's precision.
+    fn scoring_vectors(&self, ns: &Namespace, items: &[ItemRef]) -> Result<Vec<Option<Vec<f32>>>> {
+        self.item_vectors(ns, items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_names_are_safe_to_format_into_sql() {
+        // Partial-index predicates need the target as a literal.
+        for t in Target::ALL {
+            assert!(
+                t.as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_')
+            );
+        }
+    }
+}
