@@ -390,6 +390,10 @@ pub struct StoreConfig {
     /// Persist the derived indexes (and trim the change log) after this many changes, or after
     /// a quarter of the indexed vectors when that is more.
     pub checkpoint_every: u64,
+    /// PostgreSQL backend (a `postgresql://` store location): the schema holding the store.
+    pub postgres_schema: String,
+    /// PostgreSQL backend: connections each process keeps in its pool.
+    pub postgres_pool_size: u32,
 }
 
 impl Default for StoreConfig {
@@ -401,6 +405,8 @@ impl Default for StoreConfig {
             hnsw_expansion_search: 64,
             exact_search_below: 2048,
             checkpoint_every: 10_000,
+            postgres_schema: "lycheemem".into(),
+            postgres_pool_size: 8,
         }
     }
 }

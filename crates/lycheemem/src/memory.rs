@@ -254,11 +254,8 @@ impl Memory {
         config: Config,
         components: Components,
     ) -> Result<Memory> {
-        let mut options = StoreOptions::new(components.embedder.dimension());
-        options.index = config.store.clone();
-        options.node_text_chars = config.organize.node_text_chars;
-        let store = Store::open(dir, options)?;
-        Memory::with_store(Box::new(store), config, components)
+        let store = open_backend(dir.as_ref(), &config, components.embedder.dimension())?;
+        Memory::with_store(store, config, components)
     }
 
     /// A memory over any storage backend (see [`lycheemem_store::MemoryStore`]); its vectors
@@ -289,14 +286,11 @@ impl Memory {
     /// one the store was created with. [`Error::NotFound`] when `dir` holds no memory.
     pub fn open_store(dir: impl AsRef<Path>, config: &Config) -> Result<Box<dyn MemoryStore>> {
         let dir = dir.as_ref();
-        if !Store::exists(dir) {
+        if !store_exists(dir, config)? {
             return Err(Error::NotFound(format!("no store at {}", dir.display())));
         }
         // Dimension 0: whatever the store was created with.
-        let mut options = StoreOptions::new(0);
-        options.index = config.store.clone();
-        options.node_text_chars = config.organize.node_text_chars;
-        Ok(Box::new(Store::open(dir, options)?))
+        open_backend(dir, config, 0)
     }
 
     pub fn store(&self) -> &dyn MemoryStore {
@@ -992,4 +986,73 @@ pub fn mark_sessions_processed(store: &dyn MemoryStore, ns: &Namespace) -> Resul
         }
     }
     Ok(())
+}
+
+/// Whether `location` is a PostgreSQL connection URL (`postgres://` or `postgresql://`)
+/// rather than a store directory.
+pub fn is_postgres_location(location: &Path) -> bool {
+    location
+        .to_str()
+        .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+}
+
+/// Opens (creating if needed) the storage backend a location names: a PostgreSQL URL opens
+/// the PostgreSQL + pgvector backend in schema `store.postgres_schema`; anything else is a
+/// directory for the embedded redb store. `dims == 0` opens an existing store with its own
+/// dimension.
+fn open_backend(location: &Path, config: &Config, dims: usize) -> Result<Box<dyn MemoryStore>> {
+    let mut options = StoreOptions::new(dims);
+    options.index = config.store.clone();
+    options.node_text_chars = config.organize.node_text_chars;
+    if is_postgres_location(location) {
+        return open_postgres(location, config, options);
+    }
+    Ok(Box::new(Store::open(location, options)?))
+}
+
+#[cfg(feature = "postgres")]
+fn postgres_config(location: &Path, config: &Config) -> lycheemem_store_postgres::PgConfig {
+    let mut pg = lycheemem_store_postgres::PgConfig::new(location.to_string_lossy())
+        .with_schema(config.store.postgres_schema.clone());
+    pg.pool_size = config.store.postgres_pool_size;
+    pg
+}
+
+#[cfg(feature = "postgres")]
+fn open_postgres(
+    location: &Path,
+    config: &Config,
+    options: StoreOptions,
+) -> Result<Box<dyn MemoryStore>> {
+    let pg = postgres_config(location, config);
+    Ok(Box::new(lycheemem_store_postgres::PgStore::open(
+        &pg, options,
+    )?))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn open_postgres(
+    _location: &Path,
+    _config: &Config,
+    _options: StoreOptions,
+) -> Result<Box<dyn MemoryStore>> {
+    Err(Error::Config(
+        "this build has no PostgreSQL backend (the `postgres` feature of the lycheemem crate is off)".into(),
+    ))
+}
+
+/// Whether a store exists at `location` (a directory or a PostgreSQL schema).
+fn store_exists(location: &Path, config: &Config) -> Result<bool> {
+    if !is_postgres_location(location) {
+        return Ok(Store::exists(location));
+    }
+    #[cfg(feature = "postgres")]
+    {
+        lycheemem_store_postgres::PgStore::exists(&postgres_config(location, config))
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        let _ = config;
+        Ok(true)
+    }
 }
