@@ -95,11 +95,54 @@ fn demo_with_a_missing_local_model_fails_cleanly() {
 /// A memory command against a store in `dir`, with every LLM purpose served by a fake
 /// OpenAI-compatible server (echo encoder, one-route plans, a fixed answer) and real MiniLM.
 fn memory_cmd(dir: &Path, url: &str) -> Command {
+    memory_cmd_at(&StoreAt::Dir(dir.join("store")), url)
+}
+
+/// Where a test's memory lives: a store directory, or a PostgreSQL schema (the location is the
+/// connection URL; a config file names the schema).
+enum StoreAt {
+    Dir(std::path::PathBuf),
+    Postgres {
+        url: String,
+        config: std::path::PathBuf,
+    },
+}
+
+impl StoreAt {
+    /// A fresh schema in the test database (`LYCHEEMEM_TEST_POSTGRES_URL`), configured in a
+    /// file under `dir`.
+    fn postgres(dir: &Path) -> StoreAt {
+        let url = std::env::var("LYCHEEMEM_TEST_POSTGRES_URL").expect(
+            "this test needs LYCHEEMEM_TEST_POSTGRES_URL (the README's test command starts a \
+             PostgreSQL cluster and sets it; scripts/postgres.sh start DIR prints one)",
+        );
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let schema = format!("cli_{}_{}", std::process::id(), nanos % 1_000_000_000);
+        let config = dir.join("postgres.toml");
+        std::fs::write(
+            &config,
+            format!("[store]\npostgres_schema = \"{schema}\"\n"),
+        )
+        .unwrap();
+        StoreAt::Postgres { url, config }
+    }
+}
+
+fn memory_cmd_at(store: &StoreAt, url: &str) -> Command {
     let mut cmd = lycheemem();
-    cmd.env("LYCHEEMEM_STORE", dir.join("store"))
-        .env("LYCHEEMEM_LLM", format!("openai:fake@{url}"))
-        .env_remove("LYCHEEMEM_NAMESPACE")
-        .env_remove("LYCHEEMEM_CONFIG");
+    cmd.env("LYCHEEMEM_LLM", format!("openai:fake@{url}"))
+        .env_remove("LYCHEEMEM_NAMESPACE");
+    match store {
+        StoreAt::Dir(dir) => cmd
+            .env("LYCHEEMEM_STORE", dir)
+            .env_remove("LYCHEEMEM_CONFIG"),
+        StoreAt::Postgres { url, config } => cmd
+            .env("LYCHEEMEM_STORE", url)
+            .env("LYCHEEMEM_CONFIG", config),
+    };
     cmd
 }
 
@@ -123,12 +166,24 @@ const CONVERSATION: &str = r#"{"sessions": [
 #[test]
 fn memory_commands_work_end_to_end() {
     let tmp = tempfile::tempdir().unwrap();
+    memory_commands_end_to_end(tmp.path(), &StoreAt::Dir(tmp.path().join("store")));
+}
+
+#[test]
+fn memory_commands_work_end_to_end_on_postgres() {
+    let tmp = tempfile::tempdir().unwrap();
+    memory_commands_end_to_end(tmp.path(), &StoreAt::postgres(tmp.path()));
+}
+
+/// Ingest, ask, search, inspect, stats, export / import, rederive and deletes through the
+/// binary, against the store `store`.
+fn memory_commands_end_to_end(tmp: &Path, store: &StoreAt) {
     let url = lycheemem_testkit::fake_openai_server(lycheemem_testkit::pipeline_reply(
         "Rex is a beagle.",
     ));
-    let file = tmp.path().join("conv.json");
+    let file = tmp.join("conv.json");
     std::fs::write(&file, CONVERSATION).unwrap();
-    let out = stdout_of(memory_cmd(tmp.path(), &url).args([
+    let out = stdout_of(memory_cmd_at(store, &url).args([
         "ingest",
         file.to_str().unwrap(),
         "-n",
@@ -140,7 +195,7 @@ fn memory_commands_work_end_to_end() {
     );
     // Running the same file again (by mistake, or after a crash) adds nothing twice, and says
     // so per session.
-    let again = memory_cmd(tmp.path(), &url)
+    let again = memory_cmd_at(store, &url)
         .args(["ingest", file.to_str().unwrap(), "-n", "alice"])
         .output()
         .unwrap();
@@ -155,23 +210,22 @@ fn memory_commands_work_end_to_end() {
         "{err}"
     );
     let out =
-        stdout_of(memory_cmd(tmp.path(), &url).args(["ask", "What breed is Rex?", "-n", "alice"]));
+        stdout_of(memory_cmd_at(store, &url).args(["ask", "What breed is Rex?", "-n", "alice"]));
     assert!(out.starts_with("Rex is a beagle."), "{out}");
     assert!(out.contains("beagle called Rex"), "{out}");
     let out =
-        stdout_of(memory_cmd(tmp.path(), &url).args(["search", "Rex", "--explain", "-n", "alice"]));
+        stdout_of(memory_cmd_at(store, &url).args(["search", "Rex", "--explain", "-n", "alice"]));
     assert!(out.contains("final") && out.contains("channels"), "{out}");
-    let out = stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "alice", "sessions"]));
+    let out = stdout_of(memory_cmd_at(store, &url).args(["inspect", "-n", "alice", "sessions"]));
     assert!(out.contains("s1\t2024-03-02\t4 turns"), "{out}");
     let out =
-        stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "alice", "segments", "s1"]));
+        stdout_of(memory_cmd_at(store, &url).args(["inspect", "-n", "alice", "segments", "s1"]));
     assert!(out.contains("encoded"), "{out}");
-    let records =
-        stdout_of(memory_cmd(tmp.path(), &url).args(["inspect", "-n", "alice", "records"]));
+    let records = stdout_of(memory_cmd_at(store, &url).args(["inspect", "-n", "alice", "records"]));
     assert_eq!(records.lines().count(), 6, "{records}");
     // An unknown session is an error, not an empty listing.
     for what in ["turns", "segments"] {
-        let out = memory_cmd(tmp.path(), &url)
+        let out = memory_cmd_at(store, &url)
             .args(["inspect", "-n", "alice", what, "nope"])
             .output()
             .unwrap();
@@ -180,14 +234,21 @@ fn memory_commands_work_end_to_end() {
         assert!(stderr.contains("no session \"nope\""), "{stderr}");
     }
     // A reader that goes away (`| head -1`) ends the listing quietly, without a panic.
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lycheemem"))
+    let mut inspect = std::process::Command::new(assert_cmd::cargo::cargo_bin("lycheemem"));
+    match store {
+        StoreAt::Dir(dir) => inspect
+            .env("LYCHEEMEM_STORE", dir)
+            .env_remove("LYCHEEMEM_CONFIG"),
+        StoreAt::Postgres { url, config } => inspect
+            .env("LYCHEEMEM_STORE", url)
+            .env("LYCHEEMEM_CONFIG", config),
+    };
+    let mut child = inspect
         .env(
             "LYCHEEMEM_MODELS",
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
         )
-        .env("LYCHEEMEM_STORE", tmp.path().join("store"))
         .env_remove("LYCHEEMEM_NAMESPACE")
-        .env_remove("LYCHEEMEM_CONFIG")
         .args(["inspect", "-n", "alice", "records"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -199,18 +260,13 @@ fn memory_commands_work_end_to_end() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
     let stats: serde_json::Value = serde_json::from_str(&stdout_of(
-        memory_cmd(tmp.path(), &url).args(["stats", "--json", "-n", "alice"]),
+        memory_cmd_at(store, &url).args(["stats", "--json", "-n", "alice"]),
     ))
     .unwrap();
     assert_eq!(stats["records"], 6);
-    let export = tmp.path().join("alice.jsonl");
-    stdout_of(memory_cmd(tmp.path(), &url).args([
-        "export",
-        export.to_str().unwrap(),
-        "-n",
-        "alice",
-    ]));
-    let out = stdout_of(memory_cmd(tmp.path(), &url).args([
+    let export = tmp.join("alice.jsonl");
+    stdout_of(memory_cmd_at(store, &url).args(["export", export.to_str().unwrap(), "-n", "alice"]));
+    let out = stdout_of(memory_cmd_at(store, &url).args([
         "import",
         export.to_str().unwrap(),
         "-n",
@@ -220,29 +276,28 @@ fn memory_commands_work_end_to_end() {
     // A truncated export (cut at a line end, so every line parses) is refused whole.
     let text = std::fs::read_to_string(&export).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    let cut = tmp.path().join("cut.jsonl");
+    let cut = tmp.join("cut.jsonl");
     std::fs::write(&cut, lines[..lines.len() / 2].join("\n") + "\n").unwrap();
-    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args([
+    let stderr = stderr_of(memory_cmd_at(store, &url).args([
         "import",
         cut.to_str().unwrap(),
         "-n",
         "alice-cut",
     ]));
     assert!(stderr.contains("truncated"), "{stderr}");
-    let stderr = stderr_of(memory_cmd(tmp.path(), &url).args(["stats", "-n", "alice-cut"]));
+    let stderr = stderr_of(memory_cmd_at(store, &url).args(["stats", "-n", "alice-cut"]));
     assert!(
         stderr.contains("has no memory"),
         "nothing was imported: {stderr}"
     );
-    let out = stdout_of(memory_cmd(tmp.path(), &url).args(["rederive", "-n", "alice"]));
+    let out = stdout_of(memory_cmd_at(store, &url).args(["rederive", "-n", "alice"]));
     assert!(out.contains("0 added, 0 removed"), "{out}");
     let id = records.split('\t').next().unwrap();
-    let out = stdout_of(memory_cmd(tmp.path(), &url).args(["delete", "-n", "alice", "record", id]));
+    let out = stdout_of(memory_cmd_at(store, &url).args(["delete", "-n", "alice", "record", id]));
     assert!(out.contains("\"records\": 1"), "{out}");
-    let stderr =
-        stderr_of(memory_cmd(tmp.path(), &url).args(["delete", "-n", "alice", "namespace"]));
+    let stderr = stderr_of(memory_cmd_at(store, &url).args(["delete", "-n", "alice", "namespace"]));
     assert!(stderr.contains("--yes"), "{stderr}");
-    stdout_of(memory_cmd(tmp.path(), &url).args(["delete", "-n", "alice", "namespace", "--yes"]));
+    stdout_of(memory_cmd_at(store, &url).args(["delete", "-n", "alice", "namespace", "--yes"]));
 }
 
 #[test]
