@@ -26,6 +26,10 @@ pub struct BenchRunArgs {
     /// Built memories and cached plans, shared by runs.
     #[arg(long, env = "LYCHEEMEM_BENCH_CACHE")]
     cache: Option<PathBuf>,
+    /// Build and search the memories in this PostgreSQL database (one schema per memory, named
+    /// after it) instead of store directories under the cache.
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
     /// Only these items (LoCoMo sample_ids / LongMemEval question_ids), comma-separated.
     #[arg(long, value_delimiter = ',')]
     items: Vec<String>,
@@ -132,6 +136,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         variants: args.variants.clone(),
         out: args.out.clone(),
         cache: args.cache.clone().unwrap_or_else(default_cache),
+        postgres: args.postgres.clone(),
         items: args.items.clone(),
         categories: args.categories.clone(),
         limit: args.limit,

@@ -78,6 +78,24 @@ pub fn namespace(kind: DatasetKind, item: &str) -> Result<Namespace> {
     Ok(Namespace::new(format!("{}.{name}", kind.as_str()))?)
 }
 
+/// Where built memories live: store directories under `cache`, or schemas of a PostgreSQL
+/// database (their build markers then under `cache/postgres`).
+#[derive(Debug, Clone)]
+pub struct MemoryHome {
+    pub cache: PathBuf,
+    pub postgres: Option<String>,
+}
+
+impl MemoryHome {
+    /// The folder holding the build markers (and the store directories, without PostgreSQL).
+    pub fn markers(&self) -> PathBuf {
+        match self.postgres {
+            None => self.cache.clone(),
+            Some(_) => self.cache.join("postgres"),
+        }
+    }
+}
+
 /// Where an item's memory and its marker live (named after its [`namespace`]).
 pub fn paths(
     cache: &Path,
@@ -110,7 +128,7 @@ struct Partial {
 /// what it built so far stays and a later call continues from there.
 #[allow(clippy::too_many_arguments)]
 pub fn build_or_open(
-    cache: &Path,
+    cache: &MemoryHome,
     kind: DatasetKind,
     item: &Item,
     config: &Config,
@@ -119,9 +137,25 @@ pub fn build_or_open(
     stop: Option<&AtomicBool>,
     progress: &mut dyn FnMut(String),
 ) -> Result<(Memory, ConstructionReport, bool)> {
-    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
-    let (dir, marker) = paths(cache, kind, &item.id, hash)?;
-    let memory = Memory::with_components(&dir, config.clone(), components)
+    let markers = cache.markers();
+    std::fs::create_dir_all(&markers).with_context(|| format!("creating {}", markers.display()))?;
+    let (dir, marker) = paths(&markers, kind, &item.id, hash)?;
+    let mut config = config.clone();
+    let location = match &cache.postgres {
+        None => dir.clone(),
+        Some(url) => {
+            // One schema per memory, named after its folder name.
+            let name = dir.file_name().map(|n| n.to_string_lossy().to_lowercase());
+            let schema: String = format!("bench_{}", name.unwrap_or_default())
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .take(63)
+                .collect();
+            config.store.postgres_schema = schema;
+            PathBuf::from(url)
+        }
+    };
+    let memory = Memory::with_components(&location, config.clone(), components)
         .with_context(|| format!("opening {}", dir.display()))?;
     let partial_path = marker.with_extension("partial.json");
     let mut previous: Partial = std::fs::read(&partial_path)

@@ -95,9 +95,20 @@ pub fn construction_hash(config: &Config) -> String {
         "segment": config.segment,
         "encode": config.encode,
         "organize": config.organize,
-        "store": config.store,
+        "store": store_key(config),
     });
     hex::encode(Sha256::digest(key.to_string().as_bytes()))[..12].to_string()
+}
+
+/// The store settings that shape what is built: all but where a PostgreSQL store lives and how
+/// many connections reach it (the same memory built in a directory or in a schema has one hash).
+fn store_key(config: &Config) -> serde_json::Value {
+    let mut store = serde_json::to_value(&config.store).unwrap_or_default();
+    if let Some(map) = store.as_object_mut() {
+        map.remove("postgres_schema");
+        map.remove("postgres_pool_size");
+    }
+    store
 }
 
 /// Hash of a whole configuration (recorded in reports).

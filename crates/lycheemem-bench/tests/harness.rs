@@ -72,6 +72,7 @@ fn spec_for(
         variants: variants.iter().map(|v| v.to_string()).collect(),
         out: out.to_path_buf(),
         cache: cache.to_path_buf(),
+        postgres: None,
         items: vec![],
         categories: vec![],
         limit: None,
@@ -183,7 +184,10 @@ fn a_killed_construction_resumes_where_it_stopped() {
     let llm = Arc::new(ScriptedLlm::echo_encoder());
     let cfg = Config::default();
     let hash = lycheemem_bench::variant::construction_hash(&cfg);
-    let cache = dir.path().join("cache");
+    let cache = lycheemem_bench::construct::MemoryHome {
+        cache: dir.path().join("cache"),
+        postgres: None,
+    };
     let comps = backends(llm.clone(), llm.clone()).components;
     // Build only the first session: the run is stopped as it finishes (the stop is noticed
     // before the next session).

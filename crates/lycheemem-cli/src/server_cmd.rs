@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// How long shutdown waits for queued encoding, seconds (the rest resumes at next start).
     #[arg(long, default_value_t = 600)]
     drain_secs: u64,
+    /// Every this many seconds, queue the sessions holding stored but unprocessed turns (work
+    /// another replica sharing the store left when it died); 0 = only at start.
+    #[arg(long, default_value_t = 30)]
+    sweep_secs: u64,
     /// Searches and answers running at once; more get 429 `busy` (each keeps its slot until
     /// its LLM work has stopped, also when its client went away).
     #[arg(long, default_value_t = 16)]
@@ -116,6 +120,7 @@ pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
             queue_capacity: args.queue,
             encode_workers: args.encode_workers,
             drain_timeout: Duration::from_secs(args.drain_secs),
+            sweep_interval: Duration::from_secs(args.sweep_secs),
             limits: Limits {
                 max_queries_in_flight: args.max_queries,
                 ..Limits::default()

@@ -112,15 +112,8 @@ impl StoreAt {
     /// A fresh schema in the test database (`LYCHEEMEM_TEST_POSTGRES_URL`), configured in a
     /// file under `dir`.
     fn postgres(dir: &Path) -> StoreAt {
-        let url = std::env::var("LYCHEEMEM_TEST_POSTGRES_URL").expect(
-            "this test needs LYCHEEMEM_TEST_POSTGRES_URL (the README's test command starts a \
-             PostgreSQL cluster and sets it; scripts/postgres.sh start DIR prints one)",
-        );
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let schema = format!("cli_{}_{}", std::process::id(), nanos % 1_000_000_000);
+        let url = lycheemem_testkit::postgres_test_url();
+        let schema = lycheemem_testkit::unique_schema("cli");
         let config = dir.join("postgres.toml");
         std::fs::write(
             &config,

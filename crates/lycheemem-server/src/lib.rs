@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub encode_workers: usize,
     /// How long shutdown waits for queued encoding before leaving it for the next start.
     pub drain_timeout: Duration,
+    /// How often to queue every session holding stored but unprocessed turns (beyond the sweep
+    /// at start): the work a replica sharing the store left when it died. Zero: only at start.
+    pub sweep_interval: Duration,
     pub limits: Limits,
 }
 
@@ -57,6 +60,7 @@ impl Default for ServerConfig {
             queue_capacity: 256,
             encode_workers: 4,
             drain_timeout: Duration::from_secs(600),
+            sweep_interval: Duration::from_secs(30),
             limits: Limits::default(),
         }
     }
@@ -217,6 +221,36 @@ async fn requeue_unprocessed(
     Ok(n)
 }
 
+/// Re-queues unprocessed sessions every `every` until shutdown: with a store that several
+/// replicas share, a replica that died leaves stored turns that nobody has queued.
+fn spawn_sweeper(
+    memory: Arc<Memory>,
+    queue: mpsc::Sender<worker::Job>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    mut down: tokio::sync::watch::Receiver<bool>,
+) {
+    if every.is_zero() {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = down.changed() => return,
+            }
+            if *down.borrow() {
+                return;
+            }
+            match requeue_unprocessed(&memory, &queue, &metrics).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("sweep: queued {n} session(s) with unprocessed turns"),
+                Err(e) => tracing::warn!("sweep for unprocessed turns failed: {e:#}"),
+            }
+        }
+    });
+}
+
 /// Serves on an already bound listener until `shutdown` resolves, then drains the queue.
 pub async fn serve_listener(
     listener: tokio::net::TcpListener,
@@ -242,6 +276,13 @@ pub async fn serve_listener(
         tracing::info!("re-queued {requeued} session(s) with unprocessed turns");
     }
     let (down_tx, down_rx) = tokio::sync::watch::channel(false);
+    spawn_sweeper(
+        memory.clone(),
+        tx.clone(),
+        metrics.clone(),
+        cfg.sweep_interval,
+        down_rx.clone(),
+    );
     let state = AppState {
         memory,
         metrics: metrics.clone(),

@@ -23,6 +23,7 @@
 //! index (iterative scans, strict order) above, with the exact fallback when a filtered
 //! search comes back short.
 
+mod locks;
 mod reads;
 mod schema;
 mod search;
@@ -79,6 +80,8 @@ pub struct PgStore {
     schema: String,
     /// `vector` or `halfvec`: the column type of the stored vectors.
     vector_type: &'static str,
+    /// The connection holding this handle's advisory locks ([`lycheemem_store::StoreLocks`]).
+    locks: std::sync::Arc<locks::LockConnection>,
 }
 
 /// Sets the schema search path on every new connection.
@@ -195,6 +198,7 @@ impl PgStore {
             options,
             schema: config.schema.clone(),
             vector_type: "vector",
+            locks: locks::LockConnection::new(&config.url),
         };
         let (dims, vector_type) = schema::migrate(&store)?;
         store.options.dims = dims;

@@ -208,10 +208,81 @@ pub trait StoreAdmin: Send + Sync {
     fn checkpoint(&self) -> Result<()>;
 }
 
+/// What a [`StoreLocks`] lock serializes, across every process sharing a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockScope<'a> {
+    /// Allocating the turn indexes of a session (appends).
+    Append(&'a Namespace, &'a SessionId),
+    /// Processing a session: reading, advancing and writing back its ingest state, so its
+    /// segments are encoded once and in order.
+    Session(&'a Namespace, &'a SessionId),
+    /// Merging a segment's records into the namespace's nodes and committing it.
+    Commit(&'a Namespace),
+    /// The namespace's derived data: shared by processing, exclusive for deletes, imports and
+    /// re-derivation.
+    Derived { ns: &'a Namespace, exclusive: bool },
+}
+
+impl LockScope<'_> {
+    /// A stable text naming the lock (the same in every process).
+    pub fn key(&self) -> String {
+        match self {
+            LockScope::Append(ns, s) => format!("append\u{0}{ns}\u{0}{s}"),
+            LockScope::Session(ns, s) => format!("session\u{0}{ns}\u{0}{s}"),
+            LockScope::Commit(ns) => format!("commit\u{0}{ns}"),
+            LockScope::Derived { ns, .. } => format!("derived\u{0}{ns}"),
+        }
+    }
+
+    /// Whether the lock is shared (several holders at once).
+    pub fn shared(&self) -> bool {
+        matches!(
+            self,
+            LockScope::Derived {
+                exclusive: false,
+                ..
+            }
+        )
+    }
+}
+
+/// A held [`StoreLocks`] lock; dropping it releases the lock.
+pub struct LockGuard(#[allow(dead_code)] Option<Box<dyn Send>>);
+
+impl LockGuard {
+    /// A guard with nothing to release (a backend whose store one process owns).
+    pub fn none() -> Self {
+        LockGuard(None)
+    }
+
+    /// A guard that releases the lock when `release` is dropped.
+    pub fn new(release: Box<dyn Send>) -> Self {
+        LockGuard(Some(release))
+    }
+}
+
+/// Locks that serialize work on one store across processes (server replicas sharing a
+/// database). They complement, never replace, the facade's in-process locks: a caller takes its
+/// in-process lock first, then this one, always in the order append → derived → session →
+/// commit. A lock is released when its guard drops, or when its process dies.
+pub trait StoreLocks: Send + Sync {
+    /// Blocks until the lock is held.
+    fn lock(&self, scope: LockScope<'_>) -> Result<LockGuard>;
+
+    /// The lock if it is free now (`None` when another process holds it).
+    fn try_lock(&self, scope: LockScope<'_>) -> Result<Option<LockGuard>>;
+}
+
 /// What retrieval needs: point reads and searches.
 pub trait RetrievalStore: StoreLookup + StoreSearch {}
 impl<T: StoreLookup + StoreSearch + ?Sized> RetrievalStore for T {}
 
 /// A whole store backend, as the facade holds it.
-pub trait MemoryStore: RetrievalStore + StoreCatalog + StoreWrite + StoreAdmin {}
-impl<T: RetrievalStore + StoreCatalog + StoreWrite + StoreAdmin + ?Sized> MemoryStore for T {}
+pub trait MemoryStore:
+    RetrievalStore + StoreCatalog + StoreWrite + StoreAdmin + StoreLocks
+{
+}
+impl<T: RetrievalStore + StoreCatalog + StoreWrite + StoreAdmin + StoreLocks + ?Sized> MemoryStore
+    for T
+{
+}

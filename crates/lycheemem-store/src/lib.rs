@@ -56,14 +56,16 @@ mod types;
 mod vectors;
 
 pub use backend::{
-    MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLookup, StoreSearch, StoreWrite,
+    LockGuard, LockScope, MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLocks,
+    StoreLookup, StoreSearch, StoreWrite,
 };
 pub use store::Store;
 
 /// The store traits, for calling a backend's methods: `use lycheemem_store::prelude::*;`.
 pub mod prelude {
     pub use crate::backend::{
-        MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLookup, StoreSearch, StoreWrite,
+        MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLocks, StoreLookup,
+        StoreSearch, StoreWrite,
     };
 }
 pub use transfer::{

@@ -356,3 +356,29 @@ pub fn hostile_json(
     })
     .boxed()
 }
+
+/// The PostgreSQL database the tests use (`LYCHEEMEM_TEST_POSTGRES_URL`), failing with a clear
+/// message when it is not set: the README's test command starts a throwaway cluster and sets
+/// it; `scripts/postgres.sh start DIR` prints one.
+pub fn postgres_test_url() -> String {
+    std::env::var("LYCHEEMEM_TEST_POSTGRES_URL").expect(
+        "this test needs LYCHEEMEM_TEST_POSTGRES_URL, a PostgreSQL database with pgvector (the \
+         README's test command starts a throwaway cluster and sets it; \
+         scripts/postgres.sh start DIR prints one)",
+    )
+}
+
+/// A PostgreSQL schema name no other test or earlier run uses: `prefix`, the process id and
+/// the clock.
+pub fn unique_schema(prefix: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}

@@ -20,8 +20,8 @@ use lycheemem_segment::{
 };
 use lycheemem_store::prelude::*;
 use lycheemem_store::{
-    DeleteReceipt, ExportOptions, ImportReceipt, ItemRef, NamespaceStats, SessionInfo, Store,
-    StoreOptions,
+    DeleteReceipt, ExportOptions, ImportReceipt, ItemRef, LockGuard, LockScope, NamespaceStats,
+    SessionInfo, Store, StoreOptions,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet, VecDeque};
@@ -226,6 +226,20 @@ pub struct Memory {
     commit: Mutex<()>,
 }
 
+/// The locks a session's processing holds (released in field order: store locks first).
+struct SessionLocks<'a> {
+    _store: [LockGuard; 2],
+    _derived: RwLockReadGuard<'a, ()>,
+    _session: SessionGuard<'a>,
+}
+
+/// The locks of an operation that rewrites a namespace's derived data.
+struct ExclusiveLocks<'a> {
+    _store: LockGuard,
+    _derived: RwLockWriteGuard<'a, ()>,
+    _append: std::sync::MutexGuard<'a, ()>,
+}
+
 /// A session's processing lock: the session is in `Memory::busy` while this lives.
 struct SessionGuard<'a> {
     memory: &'a Memory,
@@ -310,12 +324,9 @@ impl Memory {
         self.components.embedder.embed(&refs)
     }
 
-    /// Shared access to derived data plus the session's processing lock.
-    fn lock_session(
-        &self,
-        ns: &Namespace,
-        session: &SessionId,
-    ) -> (RwLockReadGuard<'_, ()>, SessionGuard<'_>) {
+    /// Shared access to derived data plus the session's processing lock, in this process and
+    /// (for a store that several processes share) in the store.
+    fn lock_session(&self, ns: &Namespace, session: &SessionId) -> Result<SessionLocks<'_>> {
         let key = (ns.clone(), session.clone());
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         while busy.contains(&key) {
@@ -330,18 +341,36 @@ impl Memory {
         // Taken after the session's mark: a caller waiting for a busy session holds no read
         // lock, so it cannot keep a delete (and the appends queued behind it) waiting.
         let derived = self.derived.read().unwrap_or_else(|p| p.into_inner());
-        (derived, guard)
+        let store_derived = self.store.lock(LockScope::Derived {
+            ns,
+            exclusive: false,
+        })?;
+        let store_session = self.store.lock(LockScope::Session(ns, session))?;
+        Ok(SessionLocks {
+            _store: [store_session, store_derived],
+            _derived: derived,
+            _session: guard,
+        })
     }
 
     fn lock_append(&self) -> std::sync::MutexGuard<'_, ()> {
         self.append.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends and processing excluded, for operations that rewrite turns or derived data.
-    fn lock_all(&self) -> (std::sync::MutexGuard<'_, ()>, RwLockWriteGuard<'_, ()>) {
+    /// Appends and processing excluded, for operations that rewrite turns or derived data of a
+    /// namespace (in the store: its derived data, exclusively).
+    fn lock_all(&self, ns: &Namespace) -> Result<ExclusiveLocks<'_>> {
         let append = self.lock_append();
         let derived = self.derived.write().unwrap_or_else(|p| p.into_inner());
-        (append, derived)
+        let store = self.store.lock(LockScope::Derived {
+            ns,
+            exclusive: true,
+        })?;
+        Ok(ExclusiveLocks {
+            _store: store,
+            _derived: derived,
+            _append: append,
+        })
     }
 
     /// Stores turns of `session` (creating it, with `date`, if new; a given date updates it)
@@ -426,6 +455,7 @@ impl Memory {
             )));
         }
         let _guard = self.lock_append();
+        let _store_guard = self.store.lock(LockScope::Append(ns, session))?;
         let existing = self.store.session(ns, session)?;
         let held = existing.as_ref().map_or(0, |s| s.turn_count);
         let mut turns = turns;
@@ -523,7 +553,7 @@ impl Memory {
 
     /// Segments (and encodes) the turns of a session stored but not yet processed.
     pub fn process(&self, ns: &Namespace, session: &SessionId) -> Result<IngestReceipt> {
-        let _guards = self.lock_session(ns, session);
+        let _guards = self.lock_session(ns, session)?;
         self.advance(ns, session, false)
     }
 
@@ -545,7 +575,7 @@ impl Memory {
 
     /// Closes a session: the pending exchange and the active segment are finalized and encoded.
     pub fn flush(&self, ns: &Namespace, session: &SessionId) -> Result<IngestReceipt> {
-        let _guards = self.lock_session(ns, session);
+        let _guards = self.lock_session(ns, session)?;
         if self.store.session(ns, session)?.is_none() {
             return Err(Error::NotFound(format!(
                 "session {session} in namespace {ns}"
@@ -707,6 +737,7 @@ impl Memory {
         let encoded = encode_segment(&self.encoder, self.store.as_ref(), ns, segment)?;
         let state_value = Self::state_value(state)?;
         let _commit = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        let _store_commit = self.store.lock(LockScope::Commit(ns))?;
         let built = organize_segment(
             encoded,
             self.components.embedder.as_ref(),
@@ -831,7 +862,7 @@ impl Memory {
         delete: impl FnOnce(&dyn MemoryStore) -> Result<DeleteReceipt>,
         removed: impl Fn(&DeleteReceipt) -> u64,
     ) -> Result<DeleteReceipt> {
-        let _guards = self.lock_all();
+        let _guards = self.lock_all(ns)?;
         let r = delete(self.store.as_ref())?;
         if removed(&r) == 0 {
             return Err(Error::NotFound(format!("{what} in namespace {ns}")));
@@ -859,7 +890,7 @@ impl Memory {
     }
 
     pub fn delete_namespace(&self, ns: &Namespace) -> Result<DeleteReceipt> {
-        let _guards = self.lock_all();
+        let _guards = self.lock_all(ns)?;
         self.require_namespace(ns)?;
         self.store.delete_namespace(ns)
     }
@@ -880,7 +911,7 @@ impl Memory {
         ns: &Namespace,
         input: &mut dyn std::io::BufRead,
     ) -> Result<ImportReceipt> {
-        let _guards = self.lock_all();
+        let _guards = self.lock_all(ns)?;
         let embedder = self.components.embedder.clone();
         let embed = move |texts: &[String]| -> Result<Vec<Vec<f32>>> {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -908,7 +939,7 @@ impl Memory {
     /// current models, prompts and config, and reports which record texts changed.
     pub fn rederive(&self, ns: &Namespace) -> Result<RederiveReport> {
         self.require_namespace(ns)?;
-        let _guards = self.lock_all();
+        let _guards = self.lock_all(ns)?;
         let before: BTreeSet<String> = self
             .store
             .all_records(ns)?

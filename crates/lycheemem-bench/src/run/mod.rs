@@ -41,6 +41,10 @@ pub struct RunSpec {
     pub out: PathBuf,
     /// Built memories and cached plans, shared between runs.
     pub cache: PathBuf,
+    /// Memories live in this PostgreSQL database (one schema each) instead of directories under
+    /// `cache` (which keeps their build markers, under `postgres/`).
+    #[serde(default)]
+    pub postgres: Option<String>,
     /// Item ids to run (empty = all).
     pub items: Vec<String>,
     /// Category names or LoCoMo numbers (empty = LoCoMo 1–4, every LongMemEval type).
@@ -70,6 +74,16 @@ pub struct RunSpec {
     /// call per turn); variants not listed run on every selected item.
     #[serde(default)]
     pub variant_items: BTreeMap<String, Vec<String>>,
+}
+
+impl RunSpec {
+    /// Where the run's memories live.
+    pub fn memories(&self) -> crate::construct::MemoryHome {
+        crate::construct::MemoryHome {
+            cache: self.cache.clone(),
+            postgres: self.postgres.clone(),
+        }
+    }
 }
 
 /// The dataset cut to each item's first `n` sessions, keeping the questions whose gold

@@ -172,7 +172,12 @@ impl RunContext<'_> {
                         !self.pending(v, i, qs, &ck.done).is_empty() || self.needs_report(v, i, ck)
                     });
                     if needed
-                        && !construct::is_built(&self.spec.cache, self.dataset.kind, item, &hash)
+                        && !construct::is_built(
+                            &self.spec.memories().markers(),
+                            self.dataset.kind,
+                            item,
+                            &hash,
+                        )
                     {
                         tasks.push(BuildTask {
                             wave: w,
@@ -234,7 +239,7 @@ pub(super) fn spawn_builder<'scope, 'env>(
                     anyhow::bail!("the run stopped");
                 }
                 construct::build_or_open(
-                    &ctx.spec.cache,
+                    &ctx.spec.memories(),
                     ctx.dataset.kind,
                     &ctx.dataset.items[task.item],
                     task.config,
@@ -352,7 +357,7 @@ pub(super) fn open_wave(
                 continue;
             }
             let (memory, report, cached) = construct::build_or_open(
-                &ctx.spec.cache,
+                &ctx.spec.memories(),
                 ctx.dataset.kind,
                 item,
                 &group[0].config,

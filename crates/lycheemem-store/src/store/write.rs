@@ -104,3 +104,18 @@ impl StoreAdmin for Store {
         self.checkpoint_locked(&mut vectors, &mut text)
     }
 }
+
+/// One process owns a store directory (its `LOCK` file), so the facade's in-process locks
+/// already serialize everything: there is nothing more to hold.
+impl crate::backend::StoreLocks for Store {
+    fn lock(&self, _scope: crate::backend::LockScope<'_>) -> Result<crate::backend::LockGuard> {
+        Ok(crate::backend::LockGuard::none())
+    }
+
+    fn try_lock(
+        &self,
+        _scope: crate::backend::LockScope<'_>,
+    ) -> Result<Option<crate::backend::LockGuard>> {
+        Ok(Some(crate::backend::LockGuard::none()))
+    }
+}
