@@ -2,7 +2,8 @@
 //! (embedding-like: many topics, near neighbours with cosine ≈ 0.6–0.9) and Zipf-distributed
 //! texts, inserted through the public API; then vector search latency and recall@10 against
 //! exact brute-force search over the same vectors in the same run, BM25 latency, reopen time,
-//! RSS and disk bytes per record. Everything is seeded.
+//! RSS and disk bytes per record. Everything is seeded. With `--postgres URL` the same data
+//! goes through the PostgreSQL backend too, in the same run, and the table shows both.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -45,6 +46,73 @@ pub struct BenchStoreArgs {
     dir: Option<PathBuf>,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Also measure the PostgreSQL backend on the same data, in this database (schema
+    /// `bench_store_<size>`, dropped and recreated), side by side with the embedded store.
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
+}
+
+/// The backend under measurement.
+enum Backend {
+    Redb(Box<Store>),
+    Postgres(Box<lycheemem_store_postgres::PgStore>),
+}
+
+impl Backend {
+    fn store(&self) -> &dyn MemoryStore {
+        match self {
+            Backend::Redb(s) => s.as_ref(),
+            Backend::Postgres(s) => s.as_ref(),
+        }
+    }
+
+    fn set_ef(&self, ef: usize) {
+        match self {
+            Backend::Redb(s) => s.set_hnsw_expansion_search(ef),
+            Backend::Postgres(s) => s.set_hnsw_expansion_search(ef),
+        }
+    }
+
+    fn disk_bytes(&self) -> Result<u64> {
+        Ok(match self {
+            Backend::Redb(s) => s.disk_bytes(),
+            Backend::Postgres(s) => s.disk_bytes()?,
+        })
+    }
+}
+
+/// Where one backend's store of one size lives.
+#[derive(Clone)]
+enum Location {
+    Dir(PathBuf),
+    Postgres(lycheemem_store_postgres::PgConfig),
+}
+
+impl Location {
+    fn open(&self, options: StoreOptions) -> Result<Backend> {
+        Ok(match self {
+            Location::Dir(d) => Backend::Redb(Box::new(Store::open(d, options)?)),
+            Location::Postgres(c) => Backend::Postgres(Box::new(
+                lycheemem_store_postgres::PgStore::open(c, options)?,
+            )),
+        })
+    }
+
+    /// Removes what an earlier run left.
+    fn clear(&self) -> Result<()> {
+        match self {
+            Location::Dir(d) => {
+                if d.exists() {
+                    std::fs::remove_dir_all(d)?;
+                }
+            }
+            Location::Postgres(c) => {
+                let mut client = postgres::Client::connect(&c.url, postgres::NoTls)?;
+                client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", c.schema))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Exact top-k indices by dot product (vectors are unit length).
@@ -95,11 +163,34 @@ pub fn run(args: BenchStoreArgs) -> Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     for &n in &args.sizes {
-        let rows = run_size(&args, n, precision, &root.join(format!("n{n}")))?;
+        let data = generate(&args, n);
+        let mut columns = vec![(
+            "embedded (redb)".to_string(),
+            run_size(
+                &args,
+                &data,
+                precision,
+                &Location::Dir(root.join(format!("n{n}"))),
+            )?,
+        )];
+        if let Some(url) = &args.postgres {
+            let config = lycheemem_store_postgres::PgConfig::new(url.clone())
+                .with_schema(format!("bench_store_{n}"));
+            columns.push((
+                "PostgreSQL".to_string(),
+                run_size(&args, &data, precision, &Location::Postgres(config))?,
+            ));
+        }
         println!("\n### {n} records\n");
-        println!("| measure | value |\n|---|---|");
-        for (label, value) in rows.0 {
-            println!("| {label} | {value} |");
+        let header: Vec<&str> = columns.iter().map(|(name, _)| name.as_str()).collect();
+        println!("| measure | {} |", header.join(" | "));
+        println!("|---|{}", "---|".repeat(columns.len()));
+        for (i, (label, _)) in columns[0].1.0.iter().enumerate() {
+            let values: Vec<&str> = columns
+                .iter()
+                .map(|(_, rows)| rows.0.get(i).map_or("", |(_, v)| v.as_str()))
+                .collect();
+            println!("| {label} | {} |", values.join(" | "));
         }
     }
     Ok(())
@@ -128,45 +219,50 @@ fn generate(args: &BenchStoreArgs, n: usize) -> Data {
     }
 }
 
-/// Measures one store size: build, vector search against exact search, BM25, reopen.
+/// Measures one store size on one backend: build, vector search against exact search, BM25,
+/// reopen.
 fn run_size(
     args: &BenchStoreArgs,
-    n: usize,
+    data: &Data,
     precision: VectorPrecision,
-    dir: &std::path::Path,
+    location: &Location,
 ) -> Result<Rows> {
+    let n = data.texts.len();
     let mut rows = Rows::default();
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    let data = generate(args, n);
+    location.clear()?;
     let options = StoreOptions::new(args.dims).with_precision(precision);
     let ns = Namespace::new("bench")?;
     let rss_before_build = rss_mib();
-    let store = Store::open(dir, options.clone())?;
-    insert_turns(&store, &ns, &data, &mut rows)?;
-    insert_records(&store, &ns, &data, &mut rows)?;
+    let backend = location.open(options.clone())?;
+    let store = backend.store();
+    insert_turns(store, &ns, data, &mut rows)?;
+    insert_records(store, &ns, data, &mut rows)?;
     rows.push(
         "RSS growth while building (MiB)",
         format!("{:.0}", rss_mib() - rss_before_build),
     );
     let record_ids: Vec<String> = data.texts.iter().map(|t| Record::make_id(&ns, t)).collect();
     let mut qrng = Rng(args.seed.wrapping_mul(13) | 1);
-    let queries = perturbed_queries(args, &data, &mut qrng);
-    measure_vector_search(args, &store, &ns, &data, &queries, &record_ids, &mut rows)?;
-    store.set_hnsw_expansion_search(options.index.hnsw_expansion_search);
-    measure_bm25(args, &store, &ns, &data, &mut qrng, &record_ids, &mut rows)?;
-    let disk = store.disk_bytes();
-    drop(store);
-    measure_reopen(dir, options, &ns, &queries[0], (n, disk), &mut rows)?;
+    let queries = perturbed_queries(args, data, &mut qrng);
+    measure_vector_search(args, &backend, &ns, data, &queries, &record_ids, &mut rows)?;
+    backend.set_ef(options.index.hnsw_expansion_search);
+    measure_bm25(args, store, &ns, data, &mut qrng, &record_ids, &mut rows)?;
+    let disk = backend.disk_bytes()?;
+    drop(backend);
+    measure_reopen(location, options, &ns, &queries[0], (n, disk), &mut rows)?;
     if args.dir.is_none() {
-        std::fs::remove_dir_all(dir).ok();
+        location.clear().ok();
     }
     Ok(rows)
 }
 
 /// Raw turns, one durable transaction each (what a live chat does).
-fn insert_turns(store: &Store, ns: &Namespace, data: &Data, rows: &mut Rows) -> Result<()> {
+fn insert_turns(
+    store: &dyn MemoryStore,
+    ns: &Namespace,
+    data: &Data,
+    rows: &mut Rows,
+) -> Result<()> {
     let turn_count = 1000.min(data.texts.len());
     let session = SessionId::new("turns")?;
     let t = Instant::now();
@@ -191,7 +287,12 @@ fn insert_turns(store: &Store, ns: &Namespace, data: &Data, rows: &mut Rows) -> 
 
 /// Records, 500 per segment transaction through `commit_segment`, 20 segments per session;
 /// then a checkpoint.
-fn insert_records(store: &Store, ns: &Namespace, data: &Data, rows: &mut Rows) -> Result<()> {
+fn insert_records(
+    store: &dyn MemoryStore,
+    ns: &Namespace,
+    data: &Data,
+    rows: &mut Rows,
+) -> Result<()> {
     let n = data.texts.len();
     let per_segment = 500;
     let t = Instant::now();
@@ -315,7 +416,7 @@ fn exact_search(vectors: &[Vec<f32>], q: &[f32]) -> (Vec<usize>, f64) {
 /// HNSW latency and recall@10 at each beam width, against exact search in the same run.
 fn measure_vector_search(
     args: &BenchStoreArgs,
-    store: &Store,
+    backend: &Backend,
     ns: &Namespace,
     data: &Data,
     queries: &[Vec<f32>],
@@ -332,8 +433,9 @@ fn measure_vector_search(
         "exact search p50 (ms) [reference]",
         format!("{exact_p50:.2}"),
     );
+    let store = backend.store();
     for &ef in &args.ef {
-        store.set_hnsw_expansion_search(ef);
+        backend.set_ef(ef);
         let mut ms = Vec::with_capacity(queries.len());
         let mut found = 0usize;
         for (q, want) in queries.iter().zip(&truth) {
@@ -367,7 +469,7 @@ fn measure_vector_search(
 /// every segment that holds a deleted one (a walk over each query term's postings).
 fn measure_bm25(
     args: &BenchStoreArgs,
-    store: &Store,
+    store: &dyn MemoryStore,
     ns: &Namespace,
     data: &Data,
     rng: &mut Rng,
@@ -410,7 +512,7 @@ fn measure_bm25(
 /// Opens the closed store again: open time, the RSS the open store adds, and disk use per
 /// record (`size`: the record count and the disk bytes measured before it was closed).
 fn measure_reopen(
-    dir: &std::path::Path,
+    location: &Location,
     options: StoreOptions,
     ns: &Namespace,
     query: &[f32],
@@ -419,9 +521,11 @@ fn measure_reopen(
 ) -> Result<()> {
     let rss_closed = rss_mib();
     let t = Instant::now();
-    let store = Store::open(dir, options).context("reopening")?;
+    let backend = location.open(options).context("reopening")?;
     let open_secs = t.elapsed().as_secs_f64();
-    let hits = store.vector_search(ns, &VectorQuery::new(Target::Record, query.to_vec(), 10))?;
+    let hits = backend
+        .store()
+        .vector_search(ns, &VectorQuery::new(Target::Record, query.to_vec(), 10))?;
     anyhow::ensure!(hits.len() == 10, "reopened store lost vectors");
     rows.push("reopen (s)", format!("{open_secs:.2}"));
     rows.push(

@@ -1,7 +1,7 @@
 //! `lycheemem serve` (HTTP API + MCP over HTTP), `lycheemem mcp` (MCP over stdio) and
 //! `lycheemem keys` (API keys → namespaces).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use lycheemem_core::Namespace;
 use lycheemem_server::keys::KeyStore;
@@ -78,7 +78,8 @@ pub struct KeysArgs {
     /// API key file.
     #[arg(long, env = "LYCHEEMEM_KEYS", global = true)]
     keys: Option<PathBuf>,
-    /// Store directory (the key file defaults to <store>/keys.json).
+    /// Store directory (the key file defaults to <store>/keys.json), or a PostgreSQL store's
+    /// URL (its keys live in the store, shared by every replica, unless --keys names a file).
     #[arg(
         long,
         env = "LYCHEEMEM_STORE",
@@ -86,8 +87,29 @@ pub struct KeysArgs {
         global = true
     )]
     store: PathBuf,
+    /// TOML configuration file (for a PostgreSQL store: `[store] postgres_schema`).
+    #[arg(long, env = "LYCHEEMEM_CONFIG", global = true)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     action: KeysAction,
+}
+
+/// The keys a command works on: `--keys FILE`, else a PostgreSQL store's own keys, else
+/// `<store>/keys.json`. A PostgreSQL store must exist (`serve` or `ingest` creates it).
+fn open_keys(
+    keys: Option<&Path>,
+    store: &Path,
+    config: &lycheemem::core::Config,
+) -> Result<KeyStore> {
+    if let Some(path) = keys {
+        return KeyStore::load(path);
+    }
+    if lycheemem::is_postgres_location(store) {
+        let shared = lycheemem::Memory::open_store(store, config)
+            .context("opening the PostgreSQL store for its API keys")?;
+        return KeyStore::in_store(std::sync::Arc::from(shared));
+    }
+    KeyStore::load(&store.join("keys.json"))
 }
 
 pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
@@ -97,18 +119,18 @@ pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
             args.bind
         );
     }
-    let keys_path = args
-        .keys
-        .clone()
-        .unwrap_or_else(|| args.memory.store.join("keys.json"));
-    let keys = KeyStore::load(&keys_path)?;
+    let memory = Arc::new(args.memory.open(models_dir)?);
+    let keys = open_keys(
+        args.keys.as_deref(),
+        &args.memory.store,
+        &args.memory.config()?,
+    )?;
     if keys.is_empty() {
         eprintln!(
             "warning: no API keys in {}; create one with `lycheemem keys add --namespace NAME`",
-            keys_path.display()
+            keys.location()
         );
     }
-    let memory = Arc::new(args.memory.open(models_dir)?);
     lycheemem_server::run(
         memory,
         keys,
@@ -136,17 +158,20 @@ pub fn mcp(models_dir: &Path, args: McpArgs) -> Result<()> {
 }
 
 pub fn keys(args: KeysArgs) -> Result<()> {
-    let path = args.keys.unwrap_or_else(|| args.store.join("keys.json"));
-    let mut store = KeyStore::load(&path)?;
+    let config = match &args.config {
+        Some(path) => lycheemem::core::Config::from_toml_file(path)
+            .with_context(|| format!("configuration {}", path.display()))?,
+        None => lycheemem::core::Config::default(),
+    };
+    let mut store = open_keys(args.keys.as_deref(), &args.store, &config)?;
+    let path = store.location();
     match args.action {
         KeysAction::Add { namespace, label } => {
             let ns = Namespace::new(namespace)?;
             let (entry, key) = store.add(&ns, label)?;
             eprintln!(
                 "created {} for namespace {} in {} (the key is shown only now):",
-                entry.id,
-                entry.namespace,
-                path.display()
+                entry.id, entry.namespace, path
             );
             println!("{key}");
         }
@@ -163,7 +188,7 @@ pub fn keys(args: KeysArgs) -> Result<()> {
         }
         KeysAction::Revoke { id } => {
             if !store.revoke(&id)? {
-                bail!("no key {id} in {}", path.display());
+                bail!("no key {id} in {path}");
             }
             println!("revoked {id}");
         }

@@ -3,11 +3,13 @@
 //! with every stored hash in constant time.
 
 use anyhow::{Context, Result, bail};
+use lycheemem::store::MemoryStore;
 use lycheemem_core::Namespace;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One key as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,11 +31,52 @@ struct KeyFile {
     keys: Vec<KeyEntry>,
 }
 
-/// The key file (JSON) and its entries.
+/// Where keys are kept.
+#[derive(Clone, Default)]
+enum Backing {
+    /// Nowhere (tests, keys passed programmatically).
+    #[default]
+    Memory,
+    /// A JSON key file.
+    File(PathBuf),
+    /// The store-wide setting `api_keys` of a store every replica shares, at this version.
+    Store {
+        store: Arc<dyn MemoryStore>,
+        version: u64,
+    },
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backing::Memory => f.write_str("Memory"),
+            Backing::File(p) => write!(f, "File({})", p.display()),
+            Backing::Store { version, .. } => write!(f, "Store(version {version})"),
+        }
+    }
+}
+
+/// The store setting holding the keys of a shared store.
+const KEYS_SETTING: &str = "api_keys";
+
+/// The keys (a key file, or a shared store's `api_keys` setting) and their entries.
 #[derive(Debug, Clone, Default)]
 pub struct KeyStore {
-    path: Option<PathBuf>,
+    backing: Backing,
     entries: Vec<KeyEntry>,
+}
+
+/// The entries of a key file's JSON, each checked.
+fn parse_entries(json: &[u8], source: &str) -> Result<Vec<KeyEntry>> {
+    let file: KeyFile =
+        serde_json::from_slice(json).with_context(|| format!("{source} is not valid"))?;
+    for e in &file.keys {
+        Namespace::new(e.namespace.clone()).with_context(|| format!("key {} in {source}", e.id))?;
+        if hex::decode(&e.sha256).map_or(true, |h| h.len() != 32) {
+            bail!("key {} in {source}: sha256 must be 64 hex digits", e.id);
+        }
+    }
+    Ok(file.keys)
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -52,29 +95,72 @@ impl KeyStore {
     /// Loads `path` (a missing file is an empty store that `add` will create).
     pub fn load(path: &Path) -> Result<KeyStore> {
         let entries = match std::fs::read(path) {
-            Ok(bytes) => {
-                let file: KeyFile = serde_json::from_slice(&bytes)
-                    .with_context(|| format!("key file {} is not valid", path.display()))?;
-                for e in &file.keys {
-                    Namespace::new(e.namespace.clone())
-                        .with_context(|| format!("key {} in {}", e.id, path.display()))?;
-                    if hex::decode(&e.sha256).map_or(true, |h| h.len() != 32) {
-                        bail!(
-                            "key {} in {}: sha256 must be 64 hex digits",
-                            e.id,
-                            path.display()
-                        );
-                    }
-                }
-                file.keys
-            }
+            Ok(bytes) => parse_entries(&bytes, &format!("key file {}", path.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
         Ok(KeyStore {
-            path: Some(path.to_path_buf()),
+            backing: Backing::File(path.to_path_buf()),
             entries,
         })
+    }
+
+    /// The keys kept in a store's `api_keys` setting, which every replica sharing the store
+    /// (a PostgreSQL database) reads: `lycheemem keys add` on one machine takes effect on all.
+    pub fn in_store(store: Arc<dyn MemoryStore>) -> Result<KeyStore> {
+        let (entries, version) = match store.setting(KEYS_SETTING)? {
+            Some((value, version)) => (
+                parse_entries(&serde_json::to_vec(&value)?, "the store's api_keys setting")?,
+                version,
+            ),
+            None => (Vec::new(), 0),
+        };
+        Ok(KeyStore {
+            backing: Backing::Store { store, version },
+            entries,
+        })
+    }
+
+    /// Where the keys are kept, for messages.
+    pub fn location(&self) -> String {
+        match &self.backing {
+            Backing::Memory => "memory".into(),
+            Backing::File(p) => p.display().to_string(),
+            Backing::Store { .. } => "the store (setting api_keys)".into(),
+        }
+    }
+
+    /// Applies `change` to the entries and saves them. With a shared store the change is
+    /// applied to the latest stored keys and retried if another writer saved meanwhile.
+    fn update<T>(&mut self, change: impl Fn(&mut Vec<KeyEntry>) -> T) -> Result<T> {
+        let Backing::Store { store, version } = &mut self.backing else {
+            let out = change(&mut self.entries);
+            self.save()?;
+            return Ok(out);
+        };
+        for _ in 0..16 {
+            let (mut entries, current) = match store.setting(KEYS_SETTING)? {
+                Some((value, v)) => (
+                    parse_entries(&serde_json::to_vec(&value)?, "the store's api_keys setting")?,
+                    v,
+                ),
+                None => (Vec::new(), 0),
+            };
+            let out = change(&mut entries);
+            let value = serde_json::to_value(KeyFile {
+                keys: entries.clone(),
+            })?;
+            match store.put_setting(KEYS_SETTING, &value, Some(current)) {
+                Ok(v) => {
+                    *version = v;
+                    self.entries = entries;
+                    return Ok(out);
+                }
+                Err(lycheemem_core::Error::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        bail!("the keys kept changing while saving; try again")
     }
 
     /// A store held only in memory (tests, or keys passed programmatically).
@@ -106,24 +192,24 @@ impl KeyStore {
             created: chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
             label,
         };
-        self.entries.push(entry.clone());
-        self.save()?;
+        self.update(|entries| entries.push(entry.clone()))?;
         Ok((entry, key))
     }
 
     /// Removes the key with this id; false when there is none.
     pub fn revoke(&mut self, id: &str) -> Result<bool> {
-        let before = self.entries.len();
-        self.entries.retain(|e| e.id != id);
-        if self.entries.len() == before {
+        if !self.entries.iter().any(|e| e.id == id) && matches!(self.backing, Backing::File(_)) {
             return Ok(false);
         }
-        self.save()?;
-        Ok(true)
+        self.update(|entries| {
+            let before = entries.len();
+            entries.retain(|e| e.id != id);
+            entries.len() != before
+        })
     }
 
     fn save(&self) -> Result<()> {
-        let Some(path) = &self.path else {
+        let Backing::File(path) = &self.backing else {
             return Ok(());
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -198,37 +284,78 @@ fn stamp(path: &Path) -> Option<FileStamp> {
 /// deleted file means no keys.
 pub struct LiveKeys {
     current: std::sync::RwLock<(KeyStore, Option<FileStamp>)>,
+    /// When a shared store's keys were last looked at (at most once a second).
+    checked: std::sync::Mutex<std::time::Instant>,
 }
 
 impl LiveKeys {
     pub fn new(store: KeyStore) -> LiveKeys {
-        let seen = store.path.as_deref().and_then(stamp);
+        let seen = match &store.backing {
+            Backing::File(path) => stamp(path),
+            _ => None,
+        };
         LiveKeys {
             current: std::sync::RwLock::new((store, seen)),
+            checked: std::sync::Mutex::new(std::time::Instant::now()),
         }
     }
 
-    /// Re-reads the key file if it changed since the last look.
+    /// Re-reads the keys if they changed since the last look.
     fn refresh(&self) {
-        let path = {
+        let backing = {
             let current = self.current.read().unwrap_or_else(|p| p.into_inner());
-            match &current.0.path {
-                Some(path) if stamp(path) != current.1 => path.clone(),
+            match &current.0.backing {
+                Backing::File(path) if stamp(path) != current.1 => current.0.backing.clone(),
+                Backing::Store { .. } => current.0.backing.clone(),
                 _ => return,
             }
         };
-        let now = stamp(&path);
-        match KeyStore::load(&path) {
-            Ok(store) => {
-                let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
-                tracing::info!(
-                    "key file {} changed: {} keys",
-                    path.display(),
-                    store.entries.len()
-                );
-                *current = (store, now);
+        match backing {
+            Backing::File(path) => {
+                let now = stamp(&path);
+                match KeyStore::load(&path) {
+                    Ok(store) => {
+                        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+                        tracing::info!(
+                            "key file {} changed: {} keys",
+                            path.display(),
+                            store.entries.len()
+                        );
+                        *current = (store, now);
+                    }
+                    Err(e) => tracing::warn!("key file changed but was not reloaded: {e:#}"),
+                }
             }
-            Err(e) => tracing::warn!("key file changed but was not reloaded: {e:#}"),
+            Backing::Store { store, version } => {
+                {
+                    let mut checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+                    if checked.elapsed() < std::time::Duration::from_secs(1) {
+                        return;
+                    }
+                    *checked = std::time::Instant::now();
+                }
+                let latest = match store.setting(KEYS_SETTING) {
+                    Ok(found) => found.map_or(0, |(_, v)| v),
+                    Err(e) => {
+                        tracing::warn!("reading the store's API keys failed: {e}");
+                        return;
+                    }
+                };
+                if latest == version {
+                    return;
+                }
+                match KeyStore::in_store(store) {
+                    Ok(keys) => {
+                        tracing::info!("the store's API keys changed: {} keys", keys.entries.len());
+                        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+                        *current = (keys, None);
+                    }
+                    Err(e) => {
+                        tracing::warn!("the store's API keys changed but were not reloaded: {e:#}")
+                    }
+                }
+            }
+            Backing::Memory => {}
         }
     }
 

@@ -82,6 +82,8 @@ pub struct PgStore {
     vector_type: &'static str,
     /// The connection holding this handle's advisory locks ([`lycheemem_store::StoreLocks`]).
     locks: std::sync::Arc<locks::LockConnection>,
+    /// HNSW search beam width (`hnsw.ef_search`), adjustable at run time.
+    ef_search: std::sync::atomic::AtomicUsize,
 }
 
 /// Sets the schema search path on every new connection.
@@ -195,10 +197,11 @@ impl PgStore {
             })?;
         let mut store = PgStore {
             pool,
-            options,
             schema: config.schema.clone(),
             vector_type: "vector",
             locks: locks::LockConnection::new(&config.url),
+            ef_search: std::sync::atomic::AtomicUsize::new(options.index.hnsw_expansion_search),
+            options,
         };
         let (dims, vector_type) = schema::migrate(&store)?;
         store.options.dims = dims;
@@ -222,6 +225,13 @@ impl PgStore {
             )
             .map_err(pg_err)?;
         Ok(row.get(0))
+    }
+
+    /// Changes the HNSW search beam width (`hnsw_expansion_search`) for this handle: higher
+    /// trades speed for recall.
+    pub fn set_hnsw_expansion_search(&self, ef: usize) {
+        self.ef_search
+            .store(ef.max(1), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The options the store runs with (`dims` as stored).

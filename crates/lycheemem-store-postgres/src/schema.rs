@@ -90,6 +90,8 @@ CREATE INDEX lm_postings_item ON lm_postings (ns, target, id);
 CREATE TABLE lm_text_stats (
     ns text COLLATE "C" PRIMARY KEY, docs bigint NOT NULL, tokens bigint NOT NULL);
 CREATE SEQUENCE lm_write_seq;
+CREATE TABLE lm_settings (
+    name text COLLATE "C" PRIMARY KEY, version bigint NOT NULL, value bytea NOT NULL);
 "#
     );
     for target in Target::ALL {

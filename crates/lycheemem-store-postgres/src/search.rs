@@ -113,9 +113,8 @@ impl PgStore {
             tx.query(&exact_sql, &params).map_err(pg_err)?
         } else {
             let ef = self
-                .options
-                .index
-                .hnsw_expansion_search
+                .ef_search
+                .load(std::sync::atomic::Ordering::Relaxed)
                 .max(k)
                 .clamp(1, 1000);
             tx.batch_execute(&format!(

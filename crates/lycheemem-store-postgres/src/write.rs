@@ -304,11 +304,75 @@ impl StoreAdmin for PgStore {
             }
             Ok(())
         })?;
+        // A bulk load: fresh planner statistics, so the next searches are planned for the
+        // tables as they now are rather than waiting for autovacuum.
+        let mut conn = self.conn()?;
+        conn.batch_execute("ANALYZE lm_items, lm_postings, lm_records, lm_nodes, lm_record_nodes")
+            .map_err(pg_err)?;
         Ok(receipt)
     }
 
     /// Nothing to persist: every write is already in the database and its indexes.
     fn checkpoint(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+impl lycheemem_store::StoreSettings for PgStore {
+    fn setting(&self, name: &str) -> Result<Option<(serde_json::Value, u64)>> {
+        let mut conn = self.conn()?;
+        conn.query_opt(
+            "SELECT value, version FROM lm_settings WHERE name = $1",
+            &[&name],
+        )
+        .map_err(pg_err)?
+        .map(|r| {
+            Ok((
+                from_json(r.get(0), "setting")?,
+                r.get::<_, i64>(1).max(0) as u64,
+            ))
+        })
+        .transpose()
+    }
+
+    fn put_setting(
+        &self,
+        name: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64> {
+        let mut conn = self.conn()?;
+        let mut tx = conn.transaction().map_err(pg_err)?;
+        // The row lock (or, for a new name, the primary key) serializes concurrent writers.
+        let current: u64 = tx
+            .query_opt(
+                "SELECT version FROM lm_settings WHERE name = $1 FOR UPDATE",
+                &[&name],
+            )
+            .map_err(pg_err)?
+            .map_or(0, |r| r.get::<_, i64>(0).max(0) as u64);
+        if let Some(expected) = expected
+            && expected != current
+        {
+            return Err(lycheemem_store::setting_conflict(name, expected, current));
+        }
+        let version = current + 1;
+        let inserted = tx
+            .execute(
+                "INSERT INTO lm_settings (name, version, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO UPDATE SET version = excluded.version, value = excluded.value \
+                 WHERE lm_settings.version = $2 - 1",
+                &[&name, &(version as i64), &crate::json(value)?],
+            )
+            .map_err(pg_err)?;
+        if inserted == 0 {
+            return Err(lycheemem_store::setting_conflict(
+                name,
+                current,
+                current + 1,
+            ));
+        }
+        tx.commit().map_err(pg_err)?;
+        Ok(version)
     }
 }

@@ -273,16 +273,47 @@ pub trait StoreLocks: Send + Sync {
     fn try_lock(&self, scope: LockScope<'_>) -> Result<Option<LockGuard>>;
 }
 
+/// Store-wide settings that every process using the store shares (e.g. the server's API
+/// keys): named JSON values, each with a version that every write increments. Not part of any
+/// namespace (exports leave them out).
+pub trait StoreSettings: Send + Sync {
+    /// The value and its version; `None` when it was never set.
+    fn setting(&self, name: &str) -> Result<Option<(serde_json::Value, u64)>>;
+
+    /// Writes a value and returns its new version. With `expected`, only if the current
+    /// version is that (0: not set yet), else `Error::Conflict`: a read-modify-write that loses
+    /// no concurrent update.
+    fn put_setting(
+        &self,
+        name: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64>;
+}
+
+/// The conflict a [`StoreSettings::put_setting`] with a stale `expected` version gets.
+pub fn setting_conflict(name: &str, expected: u64, current: u64) -> lycheemem_core::Error {
+    lycheemem_core::Error::Conflict(format!(
+        "setting {name} changed meanwhile (version {current}, expected {expected}); read it again"
+    ))
+}
+
 /// What retrieval needs: point reads and searches.
 pub trait RetrievalStore: StoreLookup + StoreSearch {}
 impl<T: StoreLookup + StoreSearch + ?Sized> RetrievalStore for T {}
 
 /// A whole store backend, as the facade holds it.
 pub trait MemoryStore:
-    RetrievalStore + StoreCatalog + StoreWrite + StoreAdmin + StoreLocks
+    RetrievalStore + StoreCatalog + StoreWrite + StoreAdmin + StoreLocks + StoreSettings
 {
 }
-impl<T: RetrievalStore + StoreCatalog + StoreWrite + StoreAdmin + StoreLocks + ?Sized> MemoryStore
-    for T
+impl<T> MemoryStore for T where
+    T: RetrievalStore
+        + StoreCatalog
+        + StoreWrite
+        + StoreAdmin
+        + StoreLocks
+        + StoreSettings
+        + ?Sized
 {
 }

@@ -57,7 +57,7 @@ mod vectors;
 
 pub use backend::{
     LockGuard, LockScope, MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLocks,
-    StoreLookup, StoreSearch, StoreWrite,
+    StoreLookup, StoreSearch, StoreSettings, StoreWrite, setting_conflict,
 };
 pub use store::Store;
 
@@ -65,7 +65,7 @@ pub use store::Store;
 pub mod prelude {
     pub use crate::backend::{
         MemoryStore, RetrievalStore, StoreAdmin, StoreCatalog, StoreLocks, StoreLookup,
-        StoreSearch, StoreWrite,
+        StoreSearch, StoreSettings, StoreWrite,
     };
 }
 pub use transfer::{

@@ -792,3 +792,32 @@ fn bm25_ties_rank_by_id_whatever_order_the_documents_were_written_in() {
     sorted.sort_by_key(|i| format!("{i:?}"));
     assert_eq!(forward, sorted);
 }
+
+#[test]
+fn settings_are_versioned_and_refuse_stale_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    assert_eq!(store.setting("api_keys").unwrap(), None);
+    let v1 = serde_json::json!({"keys": []});
+    assert_eq!(store.put_setting("api_keys", &v1, Some(0)).unwrap(), 1);
+    assert_eq!(store.setting("api_keys").unwrap(), Some((v1.clone(), 1)));
+    // A writer that read version 0 lost the race: refused, nothing changed.
+    let stale = serde_json::json!({"keys": ["x"]});
+    assert!(matches!(
+        store.put_setting("api_keys", &stale, Some(0)),
+        Err(lycheemem_core::Error::Conflict(_))
+    ));
+    assert_eq!(store.setting("api_keys").unwrap(), Some((v1, 1)));
+    assert_eq!(store.put_setting("api_keys", &stale, Some(1)).unwrap(), 2);
+    assert_eq!(store.put_setting("api_keys", &stale, None).unwrap(), 3);
+    // Settings belong to the store, not to a namespace: deleting one leaves them.
+    let a = ns("a");
+    store
+        .put_session(&a, SessionInfo::new(sid("s"), None))
+        .unwrap();
+    store.delete_namespace(&a).unwrap();
+    assert_eq!(store.setting("api_keys").unwrap().map(|(_, v)| v), Some(3));
+    drop(store);
+    let reopened = open(dir.path());
+    assert_eq!(reopened.setting("api_keys").unwrap(), Some((stale, 3)));
+}

@@ -32,7 +32,8 @@ mod memory;
 pub use components::Components;
 pub use memory::{
     Answer, AppendReceipt, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory,
-    NewTurn, QueryOptions, RederiveReport, SegmentSummary, mark_sessions_processed,
+    NewTurn, QueryOptions, RederiveReport, SegmentSummary, is_postgres_location,
+    mark_sessions_processed,
 };
 
 pub use lycheemem_core as core;

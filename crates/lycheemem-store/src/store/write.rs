@@ -119,3 +119,64 @@ impl crate::backend::StoreLocks for Store {
         Ok(Some(crate::backend::LockGuard::none()))
     }
 }
+
+/// A setting as kept in the `info` table (key `setting:<name>`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SettingRow {
+    version: u64,
+    value: serde_json::Value,
+}
+
+fn setting_row(raw: Option<&str>, name: &str) -> Result<Option<SettingRow>> {
+    raw.map(|r| {
+        serde_json::from_str(r)
+            .map_err(|e| Error::Store(format!("setting {name} is unreadable: {e}")))
+    })
+    .transpose()
+}
+
+impl crate::backend::StoreSettings for Store {
+    fn setting(&self, name: &str) -> Result<Option<(serde_json::Value, u64)>> {
+        let txn = self.read()?;
+        let info = txn.open_table(INFO).map_err(db_err)?;
+        let raw = info
+            .get(format!("setting:{name}").as_str())
+            .map_err(db_err)?
+            .map(|v| v.value().to_string());
+        Ok(setting_row(raw.as_deref(), name)?.map(|r| (r.value, r.version)))
+    }
+
+    fn put_setting(
+        &self,
+        name: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64> {
+        let _w = self.write.lock().unwrap_or_else(lock_poisoned);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        let version = {
+            let mut info = txn.open_table(INFO).map_err(db_err)?;
+            let key = format!("setting:{name}");
+            let raw = info
+                .get(key.as_str())
+                .map_err(db_err)?
+                .map(|v| v.value().to_string());
+            let current = setting_row(raw.as_deref(), name)?.map_or(0, |r| r.version);
+            if let Some(expected) = expected
+                && expected != current
+            {
+                return Err(crate::backend::setting_conflict(name, expected, current));
+            }
+            let row = SettingRow {
+                version: current + 1,
+                value: value.clone(),
+            };
+            let json = serde_json::to_string(&row)
+                .map_err(|e| Error::Store(format!("setting {name}: {e}")))?;
+            info.insert(key.as_str(), json.as_str()).map_err(db_err)?;
+            row.version
+        };
+        txn.commit().map_err(db_err)?;
+        Ok(version)
+    }
+}
