@@ -22,6 +22,36 @@ use crate::types::Target;
 struct SavedState {
     store_id: String,
     applied: u64,
+    /// Length and checksum of every index file as saved; a file that differs (cut short,
+    /// overwritten) is not trusted and the indexes are rebuilt. States written before these
+    /// were recorded have none and are checked by usearch's loader only.
+    #[serde(default)]
+    files: Vec<FileCheck>,
+}
+
+/// What an index file looked like when it was saved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FileCheck {
+    ns: String,
+    target: Target,
+    len: u64,
+    hash: u64,
+}
+
+/// A fast 64-bit checksum of a file's bytes (8 bytes at a time; not cryptographic: it detects
+/// damage, not tampering).
+fn file_check(path: &Path) -> Result<(u64, u64)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        h = (h ^ w).wrapping_mul(0x0100_0000_01b3).rotate_left(23);
+    }
+    for b in chunks.remainder() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    Ok((bytes.len() as u64, h))
 }
 
 struct VectorIndex {
@@ -73,6 +103,8 @@ pub(crate) struct VectorIndexes {
     pub applied: u64,
     /// The last change included in the files on disk.
     pub saved: u64,
+    /// The saved files' checks, written to the state file with every save.
+    checks: HashMap<(String, Target), FileCheck>,
 }
 
 /// `v / |v|`.
@@ -123,6 +155,7 @@ impl VectorIndexes {
             slots: SearchSlots::default(),
             applied: 0,
             saved: 0,
+            checks: HashMap::new(),
         };
         match set.try_load(store_id) {
             Ok(Some(applied)) => {
@@ -148,6 +181,12 @@ impl VectorIndexes {
         if state.store_id != store_id {
             return Ok(None);
         }
+        let checked = !state.files.is_empty();
+        self.checks = state
+            .files
+            .into_iter()
+            .map(|c| ((c.ns.clone(), c.target), c))
+            .collect();
         for ns_entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))? {
             let ns_entry = ns_entry.map_err(|e| Error::io(&self.dir, e))?;
             if !ns_entry.path().is_dir() {
@@ -164,6 +203,25 @@ impl VectorIndexes {
                 else {
                     continue;
                 };
+                if checked {
+                    let Some(expected) = self.checks.get(&(ns.clone(), target)) else {
+                        return Err(usearch_err(
+                            "load",
+                            format!("{} is not in the saved state", path.display()),
+                        ));
+                    };
+                    let (len, hash) = file_check(&path)?;
+                    if (len, hash) != (expected.len, expected.hash) {
+                        return Err(usearch_err(
+                            "load",
+                            format!(
+                                "{} is damaged ({len} bytes, saved {}; or its checksum differs)",
+                                path.display(),
+                                expected.len
+                            ),
+                        ));
+                    }
+                }
                 let mut index = self.new_index()?;
                 index
                     .load(&path.to_string_lossy())
@@ -180,6 +238,15 @@ impl VectorIndexes {
                         dirty: false,
                     },
                 );
+            }
+        }
+        if checked {
+            let missing = self.checks.keys().find(|k| !self.indexes.contains_key(*k));
+            if let Some((ns, target)) = missing {
+                return Err(usearch_err(
+                    "load",
+                    format!("the index file of {ns}/{target} is missing"),
+                ));
             }
         }
         Ok(Some(state.applied))
@@ -213,6 +280,7 @@ impl VectorIndexes {
     /// Forgets every index and removes the folder's contents.
     pub fn reset(&mut self) -> Result<()> {
         self.indexes.clear();
+        self.checks.clear();
         self.applied = 0;
         self.saved = 0;
         if self.dir.exists() {
@@ -291,6 +359,7 @@ impl VectorIndexes {
 
     pub fn drop_namespace(&mut self, ns: &str) -> Result<()> {
         self.indexes.retain(|(n, _), _| n != ns);
+        self.checks.retain(|(n, _), _| n != ns);
         let path = self.dir.join(ns);
         if path.exists() {
             std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
@@ -378,12 +447,25 @@ impl VectorIndexes {
             v.index
                 .save(&tmp.to_string_lossy())
                 .map_err(|e| usearch_err("save", format!("{}: {e}", tmp.display())))?;
+            let (len, hash) = file_check(&tmp)?;
             std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+            self.checks.insert(
+                (ns.clone(), *target),
+                FileCheck {
+                    ns: ns.clone(),
+                    target: *target,
+                    len,
+                    hash,
+                },
+            );
             v.dirty = false;
         }
+        let mut files: Vec<FileCheck> = self.checks.values().cloned().collect();
+        files.sort_by(|a, b| (&a.ns, a.target).cmp(&(&b.ns, b.target)));
         let state = SavedState {
             store_id: store_id.to_string(),
             applied: self.applied,
+            files,
         };
         let path = self.dir.join("STATE");
         let tmp = self.dir.join("STATE.tmp");

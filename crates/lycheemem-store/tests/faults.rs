@@ -108,11 +108,27 @@ fn damaged_or_missing_indexes_are_rebuilt_from_the_database() {
     }
     let store = Store::open(dir.path(), options()).unwrap();
     assert_searchable(&store, "s", 70, "truncated");
+    fill(&store, "s", 70, 75);
+    store.checkpoint().unwrap();
     drop(store);
-    // 3. The whole index folder gone.
+    // 3. One byte changed in the middle of every index file, lengths kept (a loader that only
+    // parses the header would accept it and serve wrong vectors).
+    for f in files_under(&index) {
+        let mut bytes = std::fs::read(&f).unwrap();
+        if bytes.is_empty() {
+            continue;
+        }
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x5a;
+        std::fs::write(&f, bytes).unwrap();
+    }
+    let store = Store::open(dir.path(), options()).unwrap();
+    assert_searchable(&store, "s", 75, "one byte changed");
+    drop(store);
+    // 4. The whole index folder gone.
     std::fs::remove_dir_all(&index).unwrap();
     let store = Store::open(dir.path(), options()).unwrap();
-    assert_searchable(&store, "s", 70, "removed");
+    assert_searchable(&store, "s", 75, "removed");
 }
 
 #[test]
