@@ -30,8 +30,8 @@ mod search;
 mod tx;
 mod write;
 
-use lycheemem_core::{Error, Namespace, NodeKind, Result};
-use lycheemem_store::{ItemRef, StoreOptions, Target};
+use lycheemem_core::{Error, Namespace, Result};
+use lycheemem_store::StoreOptions;
 use postgres::NoTls;
 use r2d2_postgres::PostgresConnectionManager;
 
@@ -125,44 +125,6 @@ pub(crate) fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
 
 pub(crate) fn from_json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| Error::Store(format!("corrupt {what} row: {e}")))
-}
-
-/// The index target of an item (a node's kind is the prefix of its id).
-pub(crate) fn item_target(item: &ItemRef) -> Target {
-    match item {
-        ItemRef::Record(_) => Target::Record,
-        ItemRef::Turn(_) => Target::Turn,
-        ItemRef::Node(id) => NodeKind::ALL
-            .into_iter()
-            .find(|k| id.starts_with(&format!("{}:", k.as_str())))
-            .map_or(Target::Node(NodeKind::Entity), Target::Node),
-    }
-}
-
-/// The id an item has in `lm_items` (the record id, the node id, or `session#index`).
-pub(crate) fn item_id(item: &ItemRef) -> String {
-    match item {
-        ItemRef::Record(id) | ItemRef::Node(id) => id.clone(),
-        ItemRef::Turn(t) => format!("{}#{}", t.session, t.index),
-    }
-}
-
-/// Rebuilds an item reference from its target and `lm_items` id.
-pub(crate) fn item_ref(target: Target, id: &str) -> Result<ItemRef> {
-    Ok(match target {
-        Target::Record => ItemRef::Record(id.to_string()),
-        Target::Node(_) => ItemRef::Node(id.to_string()),
-        Target::Turn => {
-            let (session, index) = id
-                .rsplit_once('#')
-                .and_then(|(s, i)| Some((s, i.parse::<u32>().ok()?)))
-                .ok_or_else(|| Error::Store(format!("malformed turn id {id:?}")))?;
-            ItemRef::Turn(lycheemem_core::TurnRef {
-                session: lycheemem_core::SessionId::new(session)?,
-                index,
-            })
-        }
-    })
 }
 
 /// A transaction-scoped lock key for a namespace (serializes segment commits, deletes and

@@ -9,7 +9,7 @@ use lycheemem_store::{
 };
 use std::collections::HashMap;
 
-use crate::{PgStore, from_json, item_id, item_ref, item_target, pg_err};
+use crate::{PgStore, from_json, pg_err};
 
 impl PgStore {
     /// Rows of `table` with these ids, in the order asked (missing ones left out).
@@ -66,8 +66,8 @@ impl PgStore {
         if items.is_empty() {
             return Ok(Vec::new());
         }
-        let targets: Vec<&str> = items.iter().map(|i| item_target(i).as_str()).collect();
-        let ids: Vec<String> = items.iter().map(item_id).collect();
+        let targets: Vec<&str> = items.iter().map(|i| i.target().as_str()).collect();
+        let ids: Vec<String> = items.iter().map(ItemRef::id).collect();
         let mut conn = self.conn()?;
         let rows = conn
             .query(
@@ -355,7 +355,7 @@ impl StoreCatalog for PgStore {
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             let target = Target::parse(r.get(0))?;
-            let item = item_ref(target, r.get(1))?;
+            let item = ItemRef::from_id(target, r.get(1))?;
             let text = match &item {
                 ItemRef::Record(id) => self
                     .records(ns, std::slice::from_ref(id))?

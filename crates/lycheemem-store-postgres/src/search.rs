@@ -11,15 +11,14 @@
 //! `k` plus a margin; their scores are then recomputed in single precision exactly as the
 //! embedded backend's, and ties are ranked by id.
 
-use lycheemem_core::date::parse_date;
-use lycheemem_core::{Error, EvidenceNode, Namespace, NodeKind, Result, SessionId};
+use lycheemem_core::{Error, EvidenceNode, Namespace, Result, SessionId};
 use lycheemem_store::text::{self, Bm25};
 use lycheemem_store::{Hit, ItemRef, StoreSearch, Target, VectorQuery};
 use pgvector::Vector;
 use postgres::types::ToSql;
 use std::collections::HashMap;
 
-use crate::{PgStore, from_json, item_ref, pg_err};
+use crate::{PgStore, from_json, pg_err};
 
 /// Extra candidates fetched past `k` so that ties at the cut are ranked by id.
 const TIE_MARGIN: i64 = 16;
@@ -32,7 +31,8 @@ enum Filter<'a> {
 }
 
 impl PgStore {
-    /// The SQL condition (on `lm_items i`, parameters from `$4`) and its parameters.
+    /// The SQL condition on `lm_items i` (`$1` is the namespace, `$2` the filter's value) and
+    /// the filter's parameter, if any.
     fn filter_sql<'a>(
         target: Target,
         filter: &'a Filter<'a>,
@@ -41,19 +41,19 @@ impl PgStore {
         match filter {
             Filter::All => (String::new(), Vec::new()),
             Filter::Ids(ids) => (
-                " AND i.id = ANY($4)".into(),
+                " AND i.id = ANY($2)".into(),
                 vec![ids as &(dyn ToSql + Sync)],
             ),
             Filter::Session(_) => match target {
                 Target::Node(_) => (
                     " AND i.id IN (SELECT rn.node_id FROM lm_record_nodes rn \
                      JOIN lm_records r ON r.ns = rn.ns AND r.id = rn.record_id \
-                     WHERE rn.ns = $1 AND r.session = $4)"
+                     WHERE rn.ns = $1 AND r.session = $2)"
                         .into(),
                     vec![session_param as &(dyn ToSql + Sync)],
                 ),
                 _ => (
-                    " AND $4 = ANY(i.sessions)".into(),
+                    " AND $2 = ANY(i.sessions)".into(),
                     vec![session_param as &(dyn ToSql + Sync)],
                 ),
             },
@@ -88,26 +88,28 @@ impl PgStore {
         let q = Vector::from(vector.to_vec());
         let k_sql = i64::try_from(k).unwrap_or(i64::MAX);
         let ns_s = ns.as_str();
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&ns_s, &q, &k_sql];
+        // $1 the namespace, [$2 the filter's value], then the query vector and k.
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&ns_s];
         params.extend(extra);
+        let (qp, kp) = (params.len() + 1, params.len() + 2);
         let mut conn = self.conn()?;
         let mut tx = conn.transaction().map_err(pg_err)?;
         let available: i64 = tx
             .query_one(
                 &format!(
                     "SELECT count(*) FROM lm_items i WHERE i.ns = $1 AND i.target = '{t}' \
-                     AND i.embedding IS NOT NULL AND $2::vector IS NOT NULL \
-                     AND $3::bigint IS NOT NULL{cond}"
+                     AND i.embedding IS NOT NULL{cond}"
                 ),
                 &params,
             )
             .map_err(pg_err)?
             .get(0);
+        params.extend([&q as &(dyn ToSql + Sync), &k_sql]);
         let available = available.max(0) as usize;
         let exact_sql = format!(
-            "SELECT i.id, (i.embedding <=> $2::vector::{vt}) AS d FROM lm_items i \
+            "SELECT i.id, (i.embedding <=> ${qp}::vector::{vt}) AS d FROM lm_items i \
              WHERE i.ns = $1 AND i.target = '{t}' AND i.embedding IS NOT NULL{cond} \
-             ORDER BY d, i.key LIMIT $3"
+             ORDER BY d, i.key LIMIT ${kp}"
         );
         let rows = if available <= self.options.index.exact_search_below {
             tx.query(&exact_sql, &params).map_err(pg_err)?
@@ -124,9 +126,9 @@ impl PgStore {
             let rows = tx
                 .query(
                     &format!(
-                        "SELECT i.id, (i.embedding <=> $2::vector::{vt}) AS d FROM lm_items i \
+                        "SELECT i.id, (i.embedding <=> ${qp}::vector::{vt}) AS d FROM lm_items i \
                          WHERE i.ns = $1 AND i.target = '{t}' AND i.embedding IS NOT NULL{cond} \
-                         ORDER BY i.embedding <=> $2::vector::{vt} LIMIT $3"
+                         ORDER BY i.embedding <=> ${qp}::vector::{vt} LIMIT ${kp}"
                     ),
                     &params,
                 )
@@ -142,7 +144,7 @@ impl PgStore {
             .map(|r| {
                 let d: f64 = r.get(1);
                 Ok(Hit {
-                    item: item_ref(target, r.get(0))?,
+                    item: ItemRef::from_id(target, r.get(0))?,
                     target,
                     score: (1.0 - d) as f32,
                 })
@@ -274,7 +276,7 @@ impl StoreSearch for PgStore {
             .into_iter()
             .map(|(id, score)| {
                 Ok(Hit {
-                    item: item_ref(target, &id)?,
+                    item: ItemRef::from_id(target, &id)?,
                     target,
                     score,
                 })
@@ -288,22 +290,13 @@ impl StoreSearch for PgStore {
         since: &str,
         until: &str,
     ) -> Result<Vec<EvidenceNode>> {
-        let parse = |s: &str| {
-            parse_date(s)
-                .map(|d| d.date)
-                .ok_or_else(|| Error::InvalidInput(format!("unparseable date bound {s:?}")))
-        };
-        let (since, until) = (parse(since)?.first_day(), parse(until)?.last_day());
-        if since > until {
+        let ranges = lycheemem_store::rules::temporal_node_ranges(since, until)?;
+        if ranges.is_empty() {
             return Ok(Vec::new());
         }
-        let day = |d: chrono::NaiveDate| NodeKind::Temporal.node_id(&format!("day:{d}"));
-        let month = |d: chrono::NaiveDate| {
-            NodeKind::Temporal.node_id(&format!("month:{}", d.format("%Y-%m")))
-        };
         let mut conn = self.conn()?;
         let mut out = Vec::new();
-        for (lo, hi) in [(day(since), day(until)), (month(since), month(until))] {
+        for (lo, hi) in ranges {
             for r in conn
                 .query(
                     "SELECT body FROM lm_nodes WHERE ns = $1 AND id >= $2 AND id <= $3 ORDER BY id",

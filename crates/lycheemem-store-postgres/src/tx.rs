@@ -10,10 +10,10 @@ use lycheemem_store::{
 };
 use pgvector::Vector;
 use postgres::Transaction;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use tantivy::tokenizer::TextAnalyzer;
 
-use crate::{from_json, item_id, json, pg_err};
+use crate::{from_json, json, pg_err};
 
 /// A write transaction on the store's tables.
 pub(crate) struct Tx<'c> {
@@ -63,19 +63,7 @@ impl<'c> Tx<'c> {
     }
 
     fn check_vector(&self, v: &[f32]) -> Result<()> {
-        if v.len() != self.dims {
-            return Err(Error::InvalidInput(format!(
-                "vector has {} dimensions, the store holds {}-dimensional vectors",
-                v.len(),
-                self.dims
-            )));
-        }
-        if v.iter().any(|x| !x.is_finite()) || v.iter().all(|x| *x == 0.0) {
-            return Err(Error::InvalidInput(
-                "vector must be finite and non-zero".into(),
-            ));
-        }
-        Ok(())
+        lycheemem_store::rules::check_vector(v, self.dims)
     }
 
     // ---- items: vector, pending mark, full-text document ----
@@ -107,47 +95,32 @@ impl<'c> Tx<'c> {
             .map(|r| r.get(0));
         let embedding = vector.map(|v| Vector::from(v.to_vec()));
         let vt = self.vector_type;
-        let norm_id = i16::from(doc.norm_id);
+        // The key (insertion order, the exact search's tie-break) is kept on replacement.
+        self.tx
+            .execute(
+                &format!(
+                    "INSERT INTO lm_items (ns, target, id, sessions, norm_id, pending, embedding) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7::vector::{vt}) \
+                     ON CONFLICT (ns, target, id) DO UPDATE SET sessions = excluded.sessions, \
+                     norm_id = excluded.norm_id, pending = excluded.pending, \
+                     embedding = excluded.embedding"
+                ),
+                &[
+                    &ns_s,
+                    &t,
+                    &id,
+                    &sessions,
+                    &i16::from(doc.norm_id),
+                    &embedding.is_none(),
+                    &embedding,
+                ],
+            )
+            .map_err(pg_err)?;
         if old.is_some() {
-            self.tx
-                .execute(
-                    &format!(
-                        "UPDATE lm_items SET sessions = $4, norm_id = $5, pending = $6, \
-                         embedding = $7::vector::{vt} WHERE ns = $1 AND target = $2 AND id = $3"
-                    ),
-                    &[
-                        &ns_s,
-                        &t,
-                        &id,
-                        &sessions,
-                        &norm_id,
-                        &embedding.is_none(),
-                        &embedding,
-                    ],
-                )
-                .map_err(pg_err)?;
             self.tx
                 .execute(
                     "DELETE FROM lm_postings WHERE ns = $1 AND target = $2 AND id = $3",
                     &[&ns_s, &t, &id],
-                )
-                .map_err(pg_err)?;
-        } else {
-            self.tx
-                .execute(
-                    &format!(
-                        "INSERT INTO lm_items (ns, target, id, sessions, norm_id, pending, embedding) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7::vector::{vt})"
-                    ),
-                    &[
-                        &ns_s,
-                        &t,
-                        &id,
-                        &sessions,
-                        &norm_id,
-                        &embedding.is_none(),
-                        &embedding,
-                    ],
                 )
                 .map_err(pg_err)?;
         }
@@ -335,7 +308,7 @@ impl<'c> Tx<'c> {
                 &[&ns.as_str(), &turn.session.as_str(), &index, &json(&turn)?],
             )
             .map_err(pg_err)?;
-        let id = item_id(&ItemRef::Turn(turn.turn_ref()));
+        let id = ItemRef::Turn(turn.turn_ref()).id();
         let text = lycheemem_store::rules::turn_search_text(&turn);
         self.put_item(
             ns,
@@ -531,58 +504,8 @@ impl<'c> Tx<'c> {
     /// Applies one finalized segment's write after validating that everything it references
     /// exists: its turns, every record's evidence turns, and every node's records.
     pub fn commit_segment(&mut self, ns: &Namespace, write: SegmentWrite) -> Result<()> {
-        let seg = &write.segment;
-        let session = self.session(ns, &seg.session)?.ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "segment {}: unknown session {}",
-                seg.id, seg.session
-            ))
-        })?;
-        if seg.first_turn > seg.last_turn || seg.last_turn >= session.turn_count {
-            return Err(Error::InvalidInput(format!(
-                "segment {} covers turns {}..={} but session {} has {} turns",
-                seg.id, seg.first_turn, seg.last_turn, seg.session, session.turn_count
-            )));
-        }
-        for (r, _) in &write.records {
-            let count = if r.source_session == seg.session {
-                session.turn_count
-            } else {
-                self.session(ns, &r.source_session)?
-                    .map_or(0, |s| s.turn_count)
-            };
-            if let Some(bad) = r.evidence_turns.iter().find(|t| **t >= count) {
-                return Err(Error::InvalidInput(format!(
-                    "record {} cites turn {}#{bad}, which is not stored",
-                    r.record_id, r.source_session
-                )));
-            }
-        }
-        let new_ids: HashSet<&str> = write
-            .records
-            .iter()
-            .map(|(r, _)| r.record_id.as_str())
-            .collect();
-        for (n, _) in &write.nodes {
-            for rid in &n.record_ids {
-                if !new_ids.contains(rid.as_str()) && self.record(ns, rid)?.is_none() {
-                    return Err(Error::InvalidInput(format!(
-                        "node {} links record {rid}, which is not stored",
-                        n.node_id
-                    )));
-                }
-            }
-        }
-        let row = SegmentRow {
-            segment: seg.clone(),
-            outcome: write.outcome.clone(),
-            record_ids: write
-                .records
-                .iter()
-                .map(|(r, _)| r.record_id.clone())
-                .collect(),
-            seq: self.seq.max(0) as u64,
-        };
+        lycheemem_store::rules::check_segment_write(&write, &mut Facts { tx: self, ns })?;
+        let row = lycheemem_store::rules::segment_row(&write, self.seq.max(0) as u64);
         self.put_segment(ns, &row)?;
         for (record, vector) in write.records {
             self.put_record(ns, record, vector.as_deref())?;
@@ -642,7 +565,7 @@ impl<'c> Tx<'c> {
             .map(|r| r.get(0))
             .collect();
         let mut links = links;
-        links.sort();
+        links.sort_unstable();
         for node_id in links {
             let Some(mut node) = self.node(ns, &node_id)? else {
                 continue;
@@ -797,8 +720,7 @@ impl<'c> Tx<'c> {
         item: &ItemRef,
         vector: &[f32],
     ) -> Result<bool> {
-        let target = crate::item_target(item);
-        self.set_item_vector_raw(ns, target, &item_id(item), Some(vector))
+        self.set_item_vector_raw(ns, item.target(), &item.id(), Some(vector))
     }
 }
 
@@ -823,4 +745,55 @@ pub(crate) fn read_session(
         Ok(info)
     })
     .transpose()
+}
+
+/// A transaction's answers to the segment checks of `lycheemem_store::rules`.
+struct Facts<'a, 'c> {
+    tx: &'a mut Tx<'c>,
+    ns: &'a Namespace,
+}
+
+impl lycheemem_store::rules::StoredFacts for Facts<'_, '_> {
+    fn turn_count(&mut self, session: &SessionId) -> Result<Option<u32>> {
+        Ok(self.tx.session(self.ns, session)?.map(|s| s.turn_count))
+    }
+
+    fn record_stored(&mut self, id: &str) -> Result<bool> {
+        Ok(self.tx.record(self.ns, id)?.is_some())
+    }
+}
+
+impl lycheemem_store::ImportSink for Tx<'_> {
+    fn put_session(&mut self, ns: &Namespace, info: &SessionInfo) -> Result<()> {
+        Tx::put_session(self, ns, info)
+    }
+    fn add_turn(&mut self, ns: &Namespace, turn: Turn, vector: Option<&[f32]>) -> Result<bool> {
+        Tx::add_turn(self, ns, turn, vector)
+    }
+    fn put_record(&mut self, ns: &Namespace, record: Record, vector: Option<&[f32]>) -> Result<()> {
+        Tx::put_record(self, ns, record, vector)
+    }
+    fn put_node(
+        &mut self,
+        ns: &Namespace,
+        node: EvidenceNode,
+        vector: Option<&[f32]>,
+    ) -> Result<()> {
+        Tx::put_node(self, ns, node, vector)
+    }
+    fn put_segment(&mut self, ns: &Namespace, row: &SegmentRow) -> Result<()> {
+        Tx::put_segment(self, ns, row)
+    }
+    fn put_state(
+        &mut self,
+        ns: &Namespace,
+        session: &SessionId,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<()> {
+        Tx::put_state(self, ns, session, name, value)
+    }
+    fn log_usage(&mut self, ns: &Namespace, usage: &TokenUsage) -> Result<()> {
+        Tx::log_usage(self, ns, usage)
+    }
 }

@@ -259,50 +259,7 @@ impl StoreAdmin for PgStore {
                     "namespace {ns} was filled by another writer during the import"
                 )));
             }
-            for line in lines {
-                match line {
-                    ExportLine::Header { .. } | ExportLine::End(_) => {}
-                    ExportLine::Session(info) => {
-                        w.put_session(
-                            ns,
-                            &SessionInfo {
-                                turn_count: 0,
-                                ..info
-                            },
-                        )?;
-                        receipt.sessions += 1;
-                    }
-                    ExportLine::Turn { turn, vector } => {
-                        w.add_turn(ns, turn, vector.as_deref())?;
-                        receipt.turns += 1;
-                    }
-                    ExportLine::Record { record, vector } => {
-                        w.put_record(ns, record, vector.as_deref())?;
-                        receipt.records += 1;
-                    }
-                    ExportLine::Node { node, vector } => {
-                        w.put_node(ns, node, vector.as_deref())?;
-                        receipt.nodes += 1;
-                    }
-                    ExportLine::Segment(row) => {
-                        w.put_segment(ns, &row)?;
-                        receipt.segments += 1;
-                    }
-                    ExportLine::State {
-                        session,
-                        name,
-                        value,
-                    } => {
-                        w.put_state(ns, &session, &name, &value)?;
-                        receipt.state_entries += 1;
-                    }
-                    ExportLine::Usage(u) => {
-                        w.log_usage(ns, &u)?;
-                        receipt.usage_entries += 1;
-                    }
-                }
-            }
-            Ok(())
+            lycheemem_store::write_import(ns, lines, &mut receipt, w)
         })?;
         // A bulk load: fresh planner statistics, so the next searches are planned for the
         // tables as they now are rather than waiting for autovacuum.

@@ -69,7 +69,8 @@ pub mod prelude {
     };
 }
 pub use transfer::{
-    EmbedFn, ExportOptions, ExportWriter, ImportReceipt, Line as ExportLine, read_import,
+    EmbedFn, ExportOptions, ExportWriter, ImportReceipt, ImportSink, Line as ExportLine,
+    read_import, write_import,
 };
 pub use types::{
     DeleteReceipt, Hit, ItemRef, NamespaceStats, SegmentOutcome, SegmentRow, SegmentWrite,

@@ -322,6 +322,119 @@ pub fn read_import(
     Ok((lines, receipt))
 }
 
+/// The writes of an import, as one backend's write transaction performs them.
+pub trait ImportSink {
+    fn put_session(&mut self, ns: &Namespace, info: &SessionInfo) -> Result<()>;
+    /// Appends a turn; false when an identical turn was already stored.
+    fn add_turn(&mut self, ns: &Namespace, turn: Turn, vector: Option<&[f32]>) -> Result<bool>;
+    fn put_record(&mut self, ns: &Namespace, record: Record, vector: Option<&[f32]>) -> Result<()>;
+    fn put_node(
+        &mut self,
+        ns: &Namespace,
+        node: EvidenceNode,
+        vector: Option<&[f32]>,
+    ) -> Result<()>;
+    fn put_segment(&mut self, ns: &Namespace, row: &SegmentRow) -> Result<()>;
+    fn put_state(
+        &mut self,
+        ns: &Namespace,
+        session: &SessionId,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<()>;
+    fn log_usage(&mut self, ns: &Namespace, usage: &TokenUsage) -> Result<()>;
+}
+
+/// Writes the lines of a checked import (see [`read_import`]) into namespace `ns` through
+/// `sink`, in file order, counting what it stores into `receipt`. Sessions start with no turns:
+/// their turns are appended as they come.
+pub fn write_import(
+    ns: &Namespace,
+    lines: Vec<Line>,
+    receipt: &mut ImportReceipt,
+    sink: &mut dyn ImportSink,
+) -> Result<()> {
+    for line in lines {
+        match line {
+            Line::Header { .. } | Line::End(_) => {}
+            Line::Session(info) => {
+                sink.put_session(
+                    ns,
+                    &SessionInfo {
+                        turn_count: 0,
+                        ..info
+                    },
+                )?;
+                receipt.sessions += 1;
+            }
+            Line::Turn { turn, vector } => {
+                sink.add_turn(ns, turn, vector.as_deref())?;
+                receipt.turns += 1;
+            }
+            Line::Record { record, vector } => {
+                sink.put_record(ns, record, vector.as_deref())?;
+                receipt.records += 1;
+            }
+            Line::Node { node, vector } => {
+                sink.put_node(ns, node, vector.as_deref())?;
+                receipt.nodes += 1;
+            }
+            Line::Segment(row) => {
+                sink.put_segment(ns, &row)?;
+                receipt.segments += 1;
+            }
+            Line::State {
+                session,
+                name,
+                value,
+            } => {
+                sink.put_state(ns, &session, &name, &value)?;
+                receipt.state_entries += 1;
+            }
+            Line::Usage(u) => {
+                sink.log_usage(ns, &u)?;
+                receipt.usage_entries += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl ImportSink for crate::store::Writer<'_> {
+    fn put_session(&mut self, ns: &Namespace, info: &SessionInfo) -> Result<()> {
+        crate::store::Writer::put_session(self, ns, info)
+    }
+    fn add_turn(&mut self, ns: &Namespace, turn: Turn, vector: Option<&[f32]>) -> Result<bool> {
+        crate::store::Writer::add_turn(self, ns, turn, vector)
+    }
+    fn put_record(&mut self, ns: &Namespace, record: Record, vector: Option<&[f32]>) -> Result<()> {
+        crate::store::Writer::put_record(self, ns, record, vector)
+    }
+    fn put_node(
+        &mut self,
+        ns: &Namespace,
+        node: EvidenceNode,
+        vector: Option<&[f32]>,
+    ) -> Result<()> {
+        crate::store::Writer::put_node(self, ns, node, vector)
+    }
+    fn put_segment(&mut self, ns: &Namespace, row: &SegmentRow) -> Result<()> {
+        crate::store::Writer::put_segment(self, ns, row)
+    }
+    fn put_state(
+        &mut self,
+        ns: &Namespace,
+        session: &SessionId,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<()> {
+        crate::store::Writer::put_state(self, ns, session, name, value)
+    }
+    fn log_usage(&mut self, ns: &Namespace, usage: &TokenUsage) -> Result<()> {
+        crate::store::Writer::log_usage(self, ns, usage)
+    }
+}
+
 /// The bodies of [`StoreAdmin::export`] and [`StoreAdmin::import`] for the redb store.
 impl Store {
     pub(crate) fn export_lines(
@@ -405,52 +518,7 @@ impl Store {
             )));
         }
         let (lines, mut receipt) = read_import(input, self.options().dims, embed)?;
-        self.write(|w| {
-            for line in lines {
-                match line {
-                    Line::Header { .. } | Line::End(_) => {}
-                    Line::Session(info) => {
-                        w.put_session(
-                            ns,
-                            &SessionInfo {
-                                turn_count: 0,
-                                ..info
-                            },
-                        )?;
-                        receipt.sessions += 1;
-                    }
-                    Line::Turn { turn, vector } => {
-                        w.add_turn(ns, turn, vector.as_deref())?;
-                        receipt.turns += 1;
-                    }
-                    Line::Record { record, vector } => {
-                        w.put_record(ns, record, vector.as_deref())?;
-                        receipt.records += 1;
-                    }
-                    Line::Node { node, vector } => {
-                        w.put_node(ns, node, vector.as_deref())?;
-                        receipt.nodes += 1;
-                    }
-                    Line::Segment(row) => {
-                        w.put_segment(ns, &row)?;
-                        receipt.segments += 1;
-                    }
-                    Line::State {
-                        session,
-                        name,
-                        value,
-                    } => {
-                        w.put_state(ns, &session, &name, &value)?;
-                        receipt.state_entries += 1;
-                    }
-                    Line::Usage(u) => {
-                        w.log_usage(ns, &u)?;
-                        receipt.usage_entries += 1;
-                    }
-                }
-            }
-            Ok(())
-        })?;
+        self.write(|w| write_import(ns, lines, &mut receipt, w))?;
         Ok(receipt)
     }
 }

@@ -92,15 +92,27 @@ pub enum ItemRef {
 
 impl ItemRef {
     /// The item's id as kept in the indexes: the record id, the node id, or `session#index`.
-    pub(crate) fn id(&self) -> String {
+    pub fn id(&self) -> String {
         match self {
             ItemRef::Record(id) | ItemRef::Node(id) => id.clone(),
             ItemRef::Turn(t) => format!("{}#{}", t.session, t.index),
         }
     }
 
+    /// The index target of the item (a node's kind is the prefix of its id).
+    pub fn target(&self) -> Target {
+        match self {
+            ItemRef::Record(_) => Target::Record,
+            ItemRef::Turn(_) => Target::Turn,
+            ItemRef::Node(id) => NodeKind::ALL
+                .into_iter()
+                .find(|k| id.starts_with(&format!("{}:", k.as_str())))
+                .map_or(Target::Node(NodeKind::Entity), Target::Node),
+        }
+    }
+
     /// Rebuilds an item reference from a target and an index id.
-    pub(crate) fn from_id(target: Target, id: &str) -> Result<ItemRef> {
+    pub fn from_id(target: Target, id: &str) -> Result<ItemRef> {
         Ok(match target {
             Target::Record => ItemRef::Record(id.to_string()),
             Target::Node(_) => ItemRef::Node(id.to_string()),

@@ -4,7 +4,6 @@
 //! indexes up to date with redb), `reads` (lookups and catalog), `search` (vector, full-text and
 //! temporal search), `write` (the [`StoreWrite`] and [`StoreAdmin`] implementations).
 
-use lycheemem_core::date::parse_date;
 use lycheemem_core::usage::TokenUsage;
 use lycheemem_core::{
     Error, EvidenceNode, Namespace, NodeKind, Record, Result, SessionId, Turn, TurnRef, UsageTotals,
@@ -50,18 +49,6 @@ const LOCK_FILE: &str = "LOCK";
 
 fn lock_poisoned<T>(p: std::sync::PoisonError<T>) -> T {
     p.into_inner()
-}
-
-/// The index target of an item (a node's kind is the prefix of its id).
-fn item_target(item: &ItemRef) -> Target {
-    match item {
-        ItemRef::Record(_) => Target::Record,
-        ItemRef::Turn(_) => Target::Turn,
-        ItemRef::Node(id) => NodeKind::ALL
-            .into_iter()
-            .find(|k| id.starts_with(&format!("{}:", k.as_str())))
-            .map_or(Target::Node(NodeKind::Entity), Target::Node),
-    }
 }
 
 /// The namespace part of a table key (everything before the first 0 byte).

@@ -233,7 +233,7 @@ impl StoreCatalog for Store {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             let id = item.id();
-            let target = item_target(item);
+            let target = item.target();
             let key = id_keys
                 .get(keys::pending(ns, target, &id).as_slice())
                 .map_err(db_err)?

@@ -270,23 +270,14 @@ impl StoreSearch for Store {
         since: &str,
         until: &str,
     ) -> Result<Vec<EvidenceNode>> {
-        let parse = |s: &str| {
-            parse_date(s)
-                .map(|d| d.date)
-                .ok_or_else(|| Error::InvalidInput(format!("unparseable date bound {s:?}")))
-        };
-        let (since, until) = (parse(since)?.first_day(), parse(until)?.last_day());
-        if since > until {
+        let ranges = crate::rules::temporal_node_ranges(since, until)?;
+        if ranges.is_empty() {
             return Ok(Vec::new());
         }
         let txn = self.read()?;
         let t = txn.open_table(NODES).map_err(db_err)?;
-        let day = |d: chrono::NaiveDate| NodeKind::Temporal.node_id(&format!("day:{d}"));
-        let month = |d: chrono::NaiveDate| {
-            NodeKind::Temporal.node_id(&format!("month:{}", d.format("%Y-%m")))
-        };
         let mut out = Vec::new();
-        for (lo, hi) in [(day(since), day(until)), (month(since), month(until))] {
+        for (lo, hi) in ranges {
             let lo = keys::ns_str(ns, &lo);
             let hi = keys::ns_str(ns, &hi);
             for entry in t.range(lo.as_slice()..=hi.as_slice()).map_err(db_err)? {
@@ -302,7 +293,7 @@ impl StoreSearch for Store {
         let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
         let mut keyed = Vec::with_capacity(items.len());
         for item in items {
-            let target = item_target(item);
+            let target = item.target();
             let key = id_keys
                 .get(keys::pending(ns, target, &item.id()).as_slice())
                 .map_err(db_err)?

@@ -89,19 +89,7 @@ impl<'t> Writer<'t> {
     }
 
     fn check_vector(&self, v: &[f32]) -> Result<()> {
-        if v.len() != self.dims {
-            return Err(Error::InvalidInput(format!(
-                "vector has {} dimensions, the store holds {}-dimensional vectors",
-                v.len(),
-                self.dims
-            )));
-        }
-        if v.iter().any(|x| !x.is_finite()) || v.iter().all(|x| *x == 0.0) {
-            return Err(Error::InvalidInput(
-                "vector must be finite and non-zero".into(),
-            ));
-        }
-        Ok(())
+        crate::rules::check_vector(v, self.dims)
     }
 
     /// Stores (or clears, marking it pending) the vector of an item and its key → id mapping.
@@ -323,58 +311,8 @@ impl<'t> Writer<'t> {
     /// Applies one finalized segment's write after validating that everything it references
     /// exists: its turns, every record's evidence turns, and every node's records.
     pub(crate) fn commit_segment(&mut self, ns: &Namespace, write: SegmentWrite) -> Result<()> {
-        let seg = &write.segment;
-        let session = self.session(ns, &seg.session)?.ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "segment {}: unknown session {}",
-                seg.id, seg.session
-            ))
-        })?;
-        if seg.first_turn > seg.last_turn || seg.last_turn >= session.turn_count {
-            return Err(Error::InvalidInput(format!(
-                "segment {} covers turns {}..={} but session {} has {} turns",
-                seg.id, seg.first_turn, seg.last_turn, seg.session, session.turn_count
-            )));
-        }
-        for (r, _) in &write.records {
-            let count = if r.source_session == seg.session {
-                session.turn_count
-            } else {
-                self.session(ns, &r.source_session)?
-                    .map_or(0, |s| s.turn_count)
-            };
-            if let Some(bad) = r.evidence_turns.iter().find(|t| **t >= count) {
-                return Err(Error::InvalidInput(format!(
-                    "record {} cites turn {}#{bad}, which is not stored",
-                    r.record_id, r.source_session
-                )));
-            }
-        }
-        let new_ids: HashSet<&str> = write
-            .records
-            .iter()
-            .map(|(r, _)| r.record_id.as_str())
-            .collect();
-        for (n, _) in &write.nodes {
-            for rid in &n.record_ids {
-                if !new_ids.contains(rid.as_str()) && self.record(ns, rid)?.is_none() {
-                    return Err(Error::InvalidInput(format!(
-                        "node {} links record {rid}, which is not stored",
-                        n.node_id
-                    )));
-                }
-            }
-        }
-        let row = SegmentRow {
-            segment: seg.clone(),
-            outcome: write.outcome.clone(),
-            record_ids: write
-                .records
-                .iter()
-                .map(|(r, _)| r.record_id.clone())
-                .collect(),
-            seq: self.seq + 1,
-        };
+        crate::rules::check_segment_write(&write, &mut Facts { writer: self, ns })?;
+        let row = crate::rules::segment_row(&write, self.seq + 1);
         self.put_segment(ns, &row)?;
         for (record, vector) in write.records {
             self.put_record(ns, record, vector.as_deref())?;
@@ -593,5 +531,21 @@ impl<'t> Writer<'t> {
         self.set_vector(ns, target, key, &id, Some(vector))?;
         self.log_item(ns, target, &id, key)?;
         Ok(true)
+    }
+}
+
+/// A writer's answers to the segment checks of `rules`.
+struct Facts<'w, 't> {
+    writer: &'w Writer<'t>,
+    ns: &'w Namespace,
+}
+
+impl crate::rules::StoredFacts for Facts<'_, '_> {
+    fn turn_count(&mut self, session: &SessionId) -> Result<Option<u32>> {
+        Ok(self.writer.session(self.ns, session)?.map(|s| s.turn_count))
+    }
+
+    fn record_stored(&mut self, id: &str) -> Result<bool> {
+        Ok(self.writer.record(self.ns, id)?.is_some())
     }
 }
