@@ -284,8 +284,6 @@ fn stamp(path: &Path) -> Option<FileStamp> {
 /// deleted file means no keys.
 pub struct LiveKeys {
     current: std::sync::RwLock<(KeyStore, Option<FileStamp>)>,
-    /// When a shared store's keys were last looked at (at most once a second).
-    checked: std::sync::Mutex<std::time::Instant>,
 }
 
 impl LiveKeys {
@@ -296,17 +294,43 @@ impl LiveKeys {
         };
         LiveKeys {
             current: std::sync::RwLock::new((store, seen)),
-            checked: std::sync::Mutex::new(std::time::Instant::now()),
         }
     }
 
-    /// Re-reads the keys if they changed since the last look.
+    /// For keys kept in a store: a thread that looks at them once a second (a store read
+    /// blocks, so it must not run on the server's async workers) while the keys are in use.
+    pub fn watch(self: &Arc<Self>) {
+        let is_store = matches!(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .0
+                .backing,
+            Backing::Store { .. }
+        );
+        if !is_store {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("lycheemem-keys".into())
+            .spawn(move || {
+                while let Some(keys) = weak.upgrade() {
+                    keys.refresh_store();
+                    drop(keys);
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            })
+            .map(|_| ())
+            .unwrap_or_else(|e| tracing::error!("cannot start the API key watcher: {e}"));
+    }
+
+    /// Re-reads a key file if it changed since the last look (cheap: one `stat`).
     fn refresh(&self) {
         let backing = {
             let current = self.current.read().unwrap_or_else(|p| p.into_inner());
             match &current.0.backing {
                 Backing::File(path) if stamp(path) != current.1 => current.0.backing.clone(),
-                Backing::Store { .. } => current.0.backing.clone(),
                 _ => return,
             }
         };
@@ -326,36 +350,39 @@ impl LiveKeys {
                     Err(e) => tracing::warn!("key file changed but was not reloaded: {e:#}"),
                 }
             }
-            Backing::Store { store, version } => {
-                {
-                    let mut checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
-                    if checked.elapsed() < std::time::Duration::from_secs(1) {
-                        return;
-                    }
-                    *checked = std::time::Instant::now();
-                }
-                let latest = match store.setting(KEYS_SETTING) {
-                    Ok(found) => found.map_or(0, |(_, v)| v),
-                    Err(e) => {
-                        tracing::warn!("reading the store's API keys failed: {e}");
-                        return;
-                    }
-                };
-                if latest == version {
-                    return;
-                }
-                match KeyStore::in_store(store) {
-                    Ok(keys) => {
-                        tracing::info!("the store's API keys changed: {} keys", keys.entries.len());
-                        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
-                        *current = (keys, None);
-                    }
-                    Err(e) => {
-                        tracing::warn!("the store's API keys changed but were not reloaded: {e:#}")
-                    }
-                }
+            Backing::Store { .. } | Backing::Memory => {}
+        }
+    }
+
+    /// Re-reads a store's keys if their version changed (blocking: see [`LiveKeys::watch`]).
+    fn refresh_store(&self) {
+        let backing = self
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .backing
+            .clone();
+        let Backing::Store { store, version } = backing else {
+            return;
+        };
+        let latest = match store.setting(KEYS_SETTING) {
+            Ok(found) => found.map_or(0, |(_, v)| v),
+            Err(e) => {
+                tracing::warn!("reading the store's API keys failed: {e}");
+                return;
             }
-            Backing::Memory => {}
+        };
+        if latest == version {
+            return;
+        }
+        match KeyStore::in_store(store) {
+            Ok(keys) => {
+                tracing::info!("the store's API keys changed: {} keys", keys.entries.len());
+                let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+                *current = (keys, None);
+            }
+            Err(e) => tracing::warn!("the store's API keys changed but were not reloaded: {e:#}"),
         }
     }
 

@@ -293,7 +293,9 @@ pub async fn serve_listener(
         )),
         shutting_down: down_rx,
     };
-    let app = router(state, Arc::new(LiveKeys::new(keys)), &cfg);
+    let live_keys = Arc::new(LiveKeys::new(keys));
+    live_keys.watch();
+    let app = router(state, live_keys, &cfg);
     let drain_timeout = cfg.drain_timeout;
     let shutdown = async move {
         shutdown.await;
