@@ -48,6 +48,9 @@ enum Command {
     Export(memory_cmd::ExportArgs),
     /// Load a namespace from an export (vectors recomputed when absent).
     Import(memory_cmd::ImportArgs),
+    /// Copy a namespace to another store: a directory or PostgreSQL, either way, vectors
+    /// included (nothing re-embedded); the destination's counts are checked.
+    Migrate(memory_cmd::MigrateArgs),
     /// Counts and token usage of a namespace.
     Stats(memory_cmd::StatsArgs),
     /// Re-run segmentation and encoding over the stored raw turns with the current models.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Delete(args) => memory_cmd::delete(&models_dir, args),
         Command::Export(args) => memory_cmd::export(args),
         Command::Import(args) => memory_cmd::import(&models_dir, args),
+        Command::Migrate(args) => memory_cmd::migrate(args),
         Command::Stats(args) => memory_cmd::stats(args),
         Command::Rederive(args) => memory_cmd::rederive(&models_dir, args),
         Command::Serve(args) => server_cmd::serve(&models_dir, *args),

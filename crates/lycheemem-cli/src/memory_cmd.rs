@@ -132,6 +132,31 @@ pub struct ImportArgs {
 }
 
 #[derive(Args)]
+pub struct MigrateArgs {
+    /// The source store and namespace (`--store`, `-n`) and the configuration both stores use.
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    /// The destination store: a directory or a PostgreSQL URL (created when absent; its
+    /// PostgreSQL schema is `[store] postgres_schema` of the configuration).
+    #[arg(long)]
+    pub to: PathBuf,
+    /// The namespace's name in the destination (default: the same).
+    #[arg(long)]
+    pub to_namespace: Option<String>,
+    /// The destination's PostgreSQL schema when it differs from the configuration's.
+    #[arg(long)]
+    pub to_schema: Option<String>,
+    /// PostgreSQL destination: load without the HNSW indexes and build them once afterwards
+    /// (faster for large namespaces; the schema's other namespaces search by exact scan
+    /// meanwhile).
+    #[arg(long)]
+    pub rebuild_vector_index: bool,
+    /// `maintenance_work_mem` for that index build, MiB (about 2.5 KB per 384-d vector).
+    #[arg(long, default_value_t = 1024, requires = "rebuild_vector_index")]
+    pub index_memory_mib: usize,
+}
+
+#[derive(Args)]
 pub struct StatsArgs {
     #[command(flatten)]
     pub memory: MemoryArgs,
@@ -529,6 +554,41 @@ pub fn import(models_dir: &Path, args: ImportArgs) -> Result<()> {
     let ns = args.memory.namespace()?;
     let receipt = memory.import(&ns, &mut BufReader::new(file))?;
     println!("{}", serde_json::to_string_pretty(&receipt)?);
+    Ok(())
+}
+
+pub fn migrate(args: MigrateArgs) -> Result<()> {
+    let ns = args.memory.namespace()?;
+    let options = lycheemem::MigrateOptions {
+        to_namespace: args.to_namespace.map(Namespace::new).transpose()?,
+        to_postgres_schema: args.to_schema,
+        rebuild_vector_indexes: args.rebuild_vector_index.then_some(args.index_memory_mib),
+    };
+    let t = Instant::now();
+    let report = lycheemem::migrate_namespace(
+        &args.memory.store,
+        &args.to,
+        &ns,
+        &args.memory.config()?,
+        &options,
+    )?;
+    let r = &report.imported;
+    println!(
+        "copied namespace {ns} to {} in {:.1}s: {} sessions, {} turns, {} segments, {} records, \
+         {} nodes, {} vectors ({} left to embed)",
+        options.to_namespace.as_ref().unwrap_or(&ns),
+        t.elapsed().as_secs_f64(),
+        r.sessions,
+        r.turns,
+        r.segments,
+        r.records,
+        r.nodes,
+        r.vectors_imported,
+        r.vectors_pending
+    );
+    for (target, secs) in &report.index_build_seconds {
+        println!("  built the {target} vector index in {secs:.1}s");
+    }
     Ok(())
 }
 

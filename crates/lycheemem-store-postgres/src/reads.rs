@@ -144,6 +144,10 @@ impl StoreLookup for PgStore {
 }
 
 impl StoreCatalog for PgStore {
+    fn vector_dims(&self) -> usize {
+        self.options.dims
+    }
+
     fn namespaces(&self) -> Result<Vec<Namespace>> {
         let mut conn = self.conn()?;
         conn.query("SELECT DISTINCT ns FROM lm_sessions ORDER BY ns", &[])

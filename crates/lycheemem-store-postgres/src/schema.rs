@@ -95,13 +95,21 @@ CREATE TABLE lm_settings (
 "#
     );
     for target in Target::ALL {
-        let t = target.as_str();
-        sql.push_str(&format!(
-            "CREATE INDEX lm_items_hnsw_{t} ON lm_items USING hnsw (embedding {vt}_cosine_ops) \
-             WITH (m = {m}, ef_construction = {ef_construction}) WHERE target = '{t}';\n"
-        ));
+        sql.push_str(&hnsw_index_sql(target, vt, m, ef_construction));
+        sql.push_str(";\n");
     }
     sql
+}
+
+/// The HNSW index of one target's vectors (a partial index over `lm_items`, shared by every
+/// namespace of the schema).
+pub(crate) fn hnsw_index_sql(target: Target, vt: &str, m: usize, ef_construction: usize) -> String {
+    let t = target.as_str();
+    format!(
+        "CREATE INDEX IF NOT EXISTS lm_items_hnsw_{t} ON lm_items USING hnsw \
+         (embedding {vt}_cosine_ops) WITH (m = {m}, ef_construction = {ef_construction}) \
+         WHERE target = '{t}'"
+    )
 }
 
 /// Creates or upgrades the store's schema; returns the stored dimension and vector type.

@@ -93,6 +93,9 @@ pub trait StoreSearch: Send + Sync {
 
 /// Listings and inspection: namespaces, sessions, whole tables, pages, counts, usage, stored vectors.
 pub trait StoreCatalog: Send + Sync {
+    /// The dimension of the store's vectors (fixed when the store was created).
+    fn vector_dims(&self) -> usize;
+
     /// Every namespace with at least one session.
     fn namespaces(&self) -> Result<Vec<Namespace>>;
 

@@ -28,6 +28,7 @@
 mod components;
 pub mod formats;
 mod memory;
+mod migrate;
 
 pub use components::Components;
 pub use memory::{
@@ -35,6 +36,7 @@ pub use memory::{
     NewTurn, QueryOptions, RederiveReport, SegmentSummary, is_postgres_location,
     mark_sessions_processed,
 };
+pub use migrate::{MigrateOptions, MigrateReport, migrate_namespace};
 
 pub use lycheemem_core as core;
 pub use lycheemem_retrieve::{EvidenceItem, SearchResult};

@@ -1031,18 +1031,31 @@ pub fn is_postgres_location(location: &Path) -> bool {
 /// the PostgreSQL + pgvector backend in schema `store.postgres_schema`; anything else is a
 /// directory for the embedded redb store. `dims == 0` opens an existing store with its own
 /// dimension.
-fn open_backend(location: &Path, config: &Config, dims: usize) -> Result<Box<dyn MemoryStore>> {
-    let mut options = StoreOptions::new(dims);
-    options.index = config.store.clone();
-    options.node_text_chars = config.organize.node_text_chars;
+pub(crate) fn open_backend(
+    location: &Path,
+    config: &Config,
+    dims: usize,
+) -> Result<Box<dyn MemoryStore>> {
+    let options = store_options(config, dims);
     if is_postgres_location(location) {
         return open_postgres(location, config, options);
     }
     Ok(Box::new(Store::open(location, options)?))
 }
 
+/// The store options a configuration asks for.
+pub(crate) fn store_options(config: &Config, dims: usize) -> StoreOptions {
+    let mut options = StoreOptions::new(dims);
+    options.index = config.store.clone();
+    options.node_text_chars = config.organize.node_text_chars;
+    options
+}
+
 #[cfg(feature = "postgres")]
-fn postgres_config(location: &Path, config: &Config) -> lycheemem_store_postgres::PgConfig {
+pub(crate) fn postgres_config(
+    location: &Path,
+    config: &Config,
+) -> lycheemem_store_postgres::PgConfig {
     let mut pg = lycheemem_store_postgres::PgConfig::new(location.to_string_lossy())
         .with_schema(config.store.postgres_schema.clone());
     pg.pool_size = config.store.postgres_pool_size;

@@ -51,6 +51,10 @@ impl StoreLookup for Store {
 }
 
 impl StoreCatalog for Store {
+    fn vector_dims(&self) -> usize {
+        self.options.dims
+    }
+
     fn namespaces(&self) -> Result<Vec<Namespace>> {
         let txn = self.read()?;
         let table = txn.open_table(SESSIONS).map_err(db_err)?;
