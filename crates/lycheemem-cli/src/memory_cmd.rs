@@ -1,4 +1,4 @@
-//! The memory subcommands: `ingest`, `ask`, `search`, `inspect`, `delete`, `export`, `import`,
+//! The memory subcommands: `ingest`, `ask`, `search`, `inspect`, `delete`, `export`, `import`, `migrate`,
 //! `stats`, `rederive`. Each parses its arguments, opens the memory and calls the facade.
 
 use anyhow::{Context, Result, bail};

@@ -86,7 +86,8 @@ struct ClientLog {
     retries: usize,
 }
 
-fn client(c: usize, key: &str, ports: [u16; 2], deadline: Instant) -> ClientLog {
+/// A client's run; `Err` says what it could not get done and what the replicas last answered.
+fn client(c: usize, key: &str, ports: [u16; 2], deadline: Instant) -> Result<ClientLog, String> {
     let http = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -122,22 +123,32 @@ fn client(c: usize, key: &str, ports: [u16; 2], deadline: Instant) -> ClientLog 
         });
         // Until some replica acknowledges it (the same request is safe to repeat).
         let mut attempt = 0usize;
+        let first_try = Instant::now();
         loop {
             let port = ports[(c + attempt) % 2];
             let url = format!("http://127.0.0.1:{port}/v1/sessions/{session}/turns");
-            match http.post(&url).bearer_auth(key).json(&body).send() {
+            let last = match http.post(&url).bearer_auth(key).json(&body).send() {
                 Ok(r) if r.status().as_u16() == 202 => break,
-                Ok(r) if r.status().is_server_error() || r.status().as_u16() == 429 => {}
-                Ok(r) => panic!(
-                    "client {c}: {} {}",
-                    r.status(),
-                    r.text().unwrap_or_default()
-                ),
-                Err(_) => {}
-            }
+                Ok(r) if r.status().is_server_error() || r.status().as_u16() == 429 => {
+                    format!("{}: {}", r.status(), r.text().unwrap_or_default())
+                }
+                Ok(r) => {
+                    return Err(format!(
+                        "client {c}: {} {}",
+                        r.status(),
+                        r.text().unwrap_or_default()
+                    ));
+                }
+                Err(e) => e.to_string(),
+            };
             attempt += 1;
             log.retries += 1;
-            assert!(attempt < 600, "client {c}: no replica accepted turn {i}");
+            if first_try.elapsed() > Duration::from_secs(90) {
+                return Err(format!(
+                    "client {c}: no replica accepted turn {i} in 90 s ({attempt} tries); the \
+                     last answer (port {port}): {last}"
+                ));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
         log.acked.extend(turns);
@@ -163,7 +174,22 @@ fn client(c: usize, key: &str, ports: [u16; 2], deadline: Instant) -> ClientLog 
         }
         i += 1;
     }
-    log
+    Ok(log)
+}
+
+/// The last lines of each replica's log, for a failure message.
+fn log_tails(dir: &Path) -> String {
+    let mut out = String::new();
+    for name in ["a", "b", "a-restarted"] {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out.push_str(&format!("--- replica {name} (last 15 lines)\n"));
+        for line in &lines[lines.len().saturating_sub(15)..] {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 #[test]
@@ -222,9 +248,22 @@ fn replicas_on_one_postgres_store_survive_a_killed_replica() {
         a.wait().unwrap();
         let killed_at = started.elapsed();
         a = start_replica(&setup, ports[0], "a-restarted");
-        let logs: Vec<ClientLog> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+        let logs: Vec<Result<ClientLog, String>> =
+            clients.into_iter().map(|h| h.join().unwrap()).collect();
         (logs, killed_at)
     });
+    let failures: Vec<&String> = logs.iter().filter_map(|l| l.as_ref().err()).collect();
+    if !failures.is_empty() {
+        let _ = a.kill();
+        let _ = b.kill();
+        panic!(
+            "{} of {CLIENTS} clients failed, first: {}\n{}",
+            failures.len(),
+            failures[0],
+            log_tails(&setup.logs)
+        );
+    }
+    let logs: Vec<ClientLog> = logs.into_iter().map(Result::unwrap).collect();
     // Close every session (its last segment encoded) through the surviving replica.
     let http = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(300))

@@ -49,6 +49,8 @@ pub struct AppState {
     pub memory: Arc<Memory>,
     pub metrics: Arc<Metrics>,
     pub queue: mpsc::Sender<Job>,
+    /// Sessions with a processing job waiting in `queue`.
+    pub waiting: Arc<crate::worker::Waiting>,
     pub limits: Limits,
     /// Admission of searches and answers (`limits.max_queries_in_flight` permits).
     pub queries: Arc<tokio::sync::Semaphore>,
@@ -231,8 +233,12 @@ pub(crate) async fn store_and_queue(
     s.metrics
         .turns_stored
         .fetch_add(receipt.count, Ordering::Relaxed);
-    s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-    permit.send(Job::Process { ns, session: sid });
+    // One waiting job per session: if one waits already, it will process these turns too (the
+    // reserved slot is given back).
+    if s.waiting.mark(&ns, &sid) {
+        s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        permit.send(Job::Process { ns, session: sid });
+    }
     Ok(receipt)
 }
 

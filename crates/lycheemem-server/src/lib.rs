@@ -197,6 +197,7 @@ pub fn router(state: AppState, keys: Arc<LiveKeys>, cfg: &ServerConfig) -> Route
 async fn requeue_unprocessed(
     memory: &Arc<Memory>,
     queue: &mpsc::Sender<worker::Job>,
+    waiting: &worker::Waiting,
     metrics: &Metrics,
 ) -> Result<usize> {
     let m = memory.clone();
@@ -210,13 +211,25 @@ async fn requeue_unprocessed(
         Ok(out)
     })
     .await??;
-    let n = pending.len();
+    let mut n = 0;
     for (ns, session) in pending {
+        // A session whose job already waits needs no second one.
+        if !waiting.mark(&ns, &session) {
+            continue;
+        }
         metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-        queue
-            .send(worker::Job::Process { ns, session })
+        n += 1;
+        if queue
+            .send(worker::Job::Process {
+                ns: ns.clone(),
+                session: session.clone(),
+            })
             .await
-            .map_err(|_| anyhow::anyhow!("the worker stopped"))?;
+            .is_err()
+        {
+            waiting.unmark(&ns, &session);
+            bail!("the worker stopped");
+        }
     }
     Ok(n)
 }
@@ -226,6 +239,7 @@ async fn requeue_unprocessed(
 fn spawn_sweeper(
     memory: Arc<Memory>,
     queue: mpsc::Sender<worker::Job>,
+    waiting: Arc<worker::Waiting>,
     metrics: Arc<Metrics>,
     every: Duration,
     mut down: tokio::sync::watch::Receiver<bool>,
@@ -242,7 +256,7 @@ fn spawn_sweeper(
             if *down.borrow() {
                 return;
             }
-            match requeue_unprocessed(&memory, &queue, &metrics).await {
+            match requeue_unprocessed(&memory, &queue, &waiting, &metrics).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("sweep: queued {n} session(s) with unprocessed turns"),
                 Err(e) => tracing::warn!("sweep for unprocessed turns failed: {e:#}"),
@@ -270,8 +284,15 @@ pub async fn serve_listener(
     }
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
-    let workers = worker::spawn(memory.clone(), metrics.clone(), rx, cfg.encode_workers);
-    let requeued = requeue_unprocessed(&memory, &tx, &metrics).await?;
+    let waiting = Arc::new(worker::Waiting::default());
+    let workers = worker::spawn(
+        memory.clone(),
+        metrics.clone(),
+        rx,
+        waiting.clone(),
+        cfg.encode_workers,
+    );
+    let requeued = requeue_unprocessed(&memory, &tx, &waiting, &metrics).await?;
     if requeued > 0 {
         tracing::info!("re-queued {requeued} session(s) with unprocessed turns");
     }
@@ -279,6 +300,7 @@ pub async fn serve_listener(
     spawn_sweeper(
         memory.clone(),
         tx.clone(),
+        waiting.clone(),
         metrics.clone(),
         cfg.sweep_interval,
         down_rx.clone(),
@@ -287,6 +309,7 @@ pub async fn serve_listener(
         memory,
         metrics: metrics.clone(),
         queue: tx,
+        waiting,
         limits: cfg.limits.clone(),
         queries: Arc::new(tokio::sync::Semaphore::new(
             cfg.limits.max_queries_in_flight.max(1),

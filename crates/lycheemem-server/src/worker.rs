@@ -3,7 +3,10 @@
 //! sessions run concurrently (a local LLM decodes their calls together); a session's segments
 //! are encoded in order. Only one worker works on a session at a time: a job for a session that
 //! a worker owns is handed to that worker (one more pass, or a flush after its current work), so
-//! one busy session never ties up several workers. A panic inside a job is caught and counted;
+//! one busy session never ties up several workers. A session has at most one processing job
+//! waiting in the queue ([`Waiting`]): a job processes everything stored when it runs, so more
+//! turns for a session whose job still waits add none, and a few busy sessions cannot fill the
+//! queue (nor can the sweeper, run after run). A panic inside a job is caught and counted;
 //! the worker keeps serving. The queue is bounded: a full queue refuses new turns *before* they
 //! are stored (429). On shutdown the queue closes and the workers finish what is queued (or,
 //! past the drain deadline, leave it: the turns are durable and the next start re-queues every
@@ -12,7 +15,7 @@
 use crate::metrics::Metrics;
 use lycheemem::{IngestReceipt, Memory};
 use lycheemem_core::{Namespace, SessionId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -27,6 +30,29 @@ pub enum Job {
         session: SessionId,
         reply: oneshot::Sender<lycheemem_core::Result<IngestReceipt>>,
     },
+}
+
+/// Sessions whose `Process` job waits in the queue (not yet taken by a worker).
+#[derive(Default)]
+pub struct Waiting(Mutex<HashSet<(Namespace, SessionId)>>);
+
+impl Waiting {
+    /// Marks the session as having a job waiting; false when it already had one (then no job
+    /// need be sent: the waiting one will see what was stored).
+    pub fn mark(&self, ns: &Namespace, session: &SessionId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((ns.clone(), session.clone()))
+    }
+
+    /// The session's job was taken (or could not be sent).
+    pub fn unmark(&self, ns: &Namespace, session: &SessionId) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(ns.clone(), session.clone()));
+    }
 }
 
 /// Counts a receipt into the metrics.
@@ -64,23 +90,35 @@ pub fn spawn(
     memory: Arc<Memory>,
     metrics: Arc<Metrics>,
     rx: mpsc::Receiver<Job>,
+    waiting: Arc<Waiting>,
     workers: usize,
 ) -> Vec<std::thread::JoinHandle<()>> {
     let rx = Arc::new(Mutex::new(rx));
     let running: Arc<Running> = Arc::default();
     (0..workers.max(1))
         .map(|i| {
-            let (memory, metrics, rx, running) =
-                (memory.clone(), metrics.clone(), rx.clone(), running.clone());
+            let (memory, metrics, rx, running, waiting) = (
+                memory.clone(),
+                metrics.clone(),
+                rx.clone(),
+                running.clone(),
+                waiting.clone(),
+            );
             std::thread::Builder::new()
                 .name(format!("lycheemem-encode-{i}"))
-                .spawn(move || work(&memory, &metrics, &rx, &running))
+                .spawn(move || work(&memory, &metrics, &rx, &running, &waiting))
                 .expect("the worker thread starts")
         })
         .collect()
 }
 
-fn work(memory: &Memory, metrics: &Metrics, rx: &Mutex<mpsc::Receiver<Job>>, running: &Running) {
+fn work(
+    memory: &Memory,
+    metrics: &Metrics,
+    rx: &Mutex<mpsc::Receiver<Job>>,
+    running: &Running,
+    waiting: &Waiting,
+) {
     loop {
         // One worker waits on the queue at a time; the lock is released before the job runs.
         let job = rx.lock().unwrap_or_else(|p| p.into_inner()).blocking_recv();
@@ -90,6 +128,8 @@ fn work(memory: &Memory, metrics: &Metrics, rx: &Mutex<mpsc::Receiver<Job>>, run
         metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
         match job {
             Job::Process { ns, session } => {
+                // Unmarked before the pass starts: turns stored from now on queue a new job.
+                waiting.unmark(&ns, &session);
                 submit(memory, metrics, running, (ns, session), Work::Process)
             }
             Job::Flush { ns, session, reply } => {

@@ -425,7 +425,7 @@ async fn gated_server(cfg: ServerConfig) -> (tempfile::TempDir, Arc<Gate>, Arc<M
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_refuses_turns_before_storing_them() {
+async fn a_full_queue_refuses_turns_before_storing_them_and_a_session_waits_once() {
     let (_dir, gate, mem, server) = gated_server(ServerConfig {
         queue_capacity: 1,
         encode_workers: 1,
@@ -466,6 +466,14 @@ async fn a_full_queue_refuses_turns_before_storing_them() {
     })
     .await;
     assert_eq!(add("s2").await.unwrap().status(), 202, "fills the one slot");
+    // More turns for s2 ride on its waiting job instead of needing a slot of their own.
+    for _ in 0..3 {
+        assert_eq!(
+            add("s2").await.unwrap().status(),
+            202,
+            "s2's job already waits"
+        );
+    }
     let r = add("s3").await.unwrap();
     assert_eq!(code_of(r).await, (429, "queue_full".into()));
     assert!(
