@@ -4,7 +4,8 @@
 #   scripts/postgres.sh install      PostgreSQL 15 from Debian, pgvector 0.8.0 built from Debian
 #                                    trixie's source package (bookworm has none); idempotent
 #   scripts/postgres.sh start DIR    a throwaway cluster in DIR (socket in DIR/sock, port 5433,
-#                                    trust auth, fsync off); prints its connection URL
+#                                    trust auth, fsync off); prints its connection URL;
+#                                    --durable: fsync on (PostgreSQL's default), for benchmarks
 #   scripts/postgres.sh stop DIR     stops it
 # The system apt lists are not touched: the trixie source entry lives in a private folder.
 set -euo pipefail
@@ -47,7 +48,10 @@ install() {
 }
 
 start() {
-    local dir="${1:?usage: postgres.sh start DIR}"
+    local dir="${1:?usage: postgres.sh start DIR [--durable]}"
+    # A throwaway test cluster skips fsync; --durable keeps PostgreSQL's default (benchmarks).
+    local fsync="-c fsync=off"
+    [ "${2:-}" = "--durable" ] && fsync=""
     [ -x "$BIN/initdb" ] || die "PostgreSQL $PG is not installed (run: postgres.sh install)"
     mkdir -p "$dir/sock"
     chown -R postgres: "$dir"
@@ -55,7 +59,7 @@ start() {
         runuser -u postgres -- "$BIN/initdb" -A trust --no-sync -U postgres -D "$dir/data" >/dev/null
     fi
     runuser -u postgres -- "$BIN/pg_ctl" -w -D "$dir/data" -l "$dir/log" \
-        -o "-k $dir/sock -p $PORT -c fsync=off -c listen_addresses=''" start >/dev/null \
+        -o "-k $dir/sock -p $PORT $fsync -c listen_addresses=''" start >/dev/null \
         || die "the cluster did not start; see $dir/log"
     PGOPTIONS="-c client_min_messages=warning" runuser -u postgres -- psql -h "$dir/sock" -p "$PORT" -U postgres -q \
         -c "CREATE EXTENSION IF NOT EXISTS vector" postgres >/dev/null \
@@ -70,7 +74,7 @@ stop() {
 
 case "${1:-}" in
     install) install ;;
-    start) start "${2:-}" ;;
+    start) start "${2:-}" "${3:-}" ;;
     stop) stop "${2:-}" ;;
-    *) die "usage: postgres.sh install | start DIR | stop DIR" ;;
+    *) die "usage: postgres.sh install | start DIR [--durable] | stop DIR" ;;
 esac

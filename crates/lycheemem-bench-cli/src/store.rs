@@ -404,12 +404,18 @@ fn embed_texts(
     let embedder =
         lycheemem_embed::BertEmbedder::load(&dir, lycheemem_embed::EmbedderOptions::default())?;
     let t = Instant::now();
-    let mut out = Vec::with_capacity(texts.len());
-    for (i, chunk) in texts.chunks(64).enumerate() {
-        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-        out.extend(embedder.embed(&refs)?);
+    // Batches of similar lengths pad less; the vectors go back to the texts' order.
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by_key(|&i| texts[i].len());
+    let mut out = vec![Vec::new(); texts.len()];
+    let mut done = 0;
+    for (i, chunk) in order.chunks(64).enumerate() {
+        let refs: Vec<&str> = chunk.iter().map(|&j| texts[j].as_str()).collect();
+        for (&j, v) in chunk.iter().zip(embedder.embed(&refs)?) {
+            out[j] = v;
+        }
+        done += chunk.len();
         if i % 100 == 99 {
-            let done = out.len();
             let secs = t.elapsed().as_secs_f64();
             eprintln!(
                 "[texts] embedded {done}/{} ({:.0}/s, eta {:.0}s)",

@@ -9,8 +9,9 @@ use lycheemem_store::{
     DeleteReceipt, ItemRef, SegmentOutcome, SegmentRow, SegmentWrite, SessionInfo, Target,
 };
 use pgvector::Vector;
-use postgres::Transaction;
-use std::collections::BTreeSet;
+use postgres::types::ToSql;
+use postgres::{Row, Statement, Transaction};
+use std::collections::{BTreeSet, HashMap};
 use tantivy::tokenizer::TextAnalyzer;
 
 use crate::{from_json, json, pg_err};
@@ -23,7 +24,15 @@ pub(crate) struct Tx<'c> {
     node_text_chars: usize,
     vector_type: &'static str,
     analyzer: TextAnalyzer,
+    /// Statements prepared in this transaction, by SQL text: one used again (per item of a
+    /// segment or an import) costs one round trip instead of two.
+    statements: HashMap<String, Statement>,
+    /// Full-text statistics changes per namespace (documents, tokens), written once at commit
+    /// rather than as one update of the same row per item.
+    text_stats: HashMap<String, (i64, i64)>,
 }
+
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl<'c> Tx<'c> {
     pub fn begin(
@@ -44,20 +53,70 @@ impl<'c> Tx<'c> {
             node_text_chars,
             vector_type,
             analyzer: text::analyzer(),
+            statements: HashMap::new(),
+            text_stats: HashMap::new(),
         })
     }
 
-    pub fn commit(self) -> Result<u64> {
+    pub fn commit(mut self) -> Result<u64> {
         let seq = self.seq;
+        let mut stats: Vec<(String, (i64, i64))> = self.text_stats.drain().collect();
+        // In key order, so concurrent writers of several namespaces lock rows in one order.
+        stats.sort();
+        for (ns, (docs, tokens)) in stats {
+            if docs == 0 && tokens == 0 {
+                continue;
+            }
+            self.exec(
+                "INSERT INTO lm_text_stats (ns, docs, tokens) VALUES ($1, $2, $3) \
+                 ON CONFLICT (ns) DO UPDATE SET docs = lm_text_stats.docs + excluded.docs, \
+                 tokens = lm_text_stats.tokens + excluded.tokens",
+                &[&ns, &docs, &tokens],
+            )
+            .map_err(pg_err)?;
+        }
+        self.statements.clear();
         self.tx.commit().map_err(pg_err)?;
         Ok(seq.max(0) as u64)
+    }
+
+    /// The statement for `sql`, prepared once per transaction.
+    fn prepared(&mut self, sql: &str) -> std::result::Result<Statement, postgres::Error> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let statement = self.tx.prepare(sql)?;
+        self.statements.insert(sql.to_string(), statement.clone());
+        Ok(statement)
+    }
+
+    fn exec(&mut self, sql: &str, params: Params<'_>) -> std::result::Result<u64, postgres::Error> {
+        let statement = self.prepared(sql)?;
+        self.tx.execute(&statement, params)
+    }
+
+    fn fetch_opt(
+        &mut self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> std::result::Result<Option<Row>, postgres::Error> {
+        let statement = self.prepared(sql)?;
+        self.tx.query_opt(&statement, params)
+    }
+
+    fn fetch(
+        &mut self,
+        sql: &str,
+        params: Params<'_>,
+    ) -> std::result::Result<Vec<Row>, postgres::Error> {
+        let statement = self.prepared(sql)?;
+        self.tx.query(&statement, params)
     }
 
     /// Serializes this transaction with the namespace's other segment commits, deletes and
     /// imports, in every process.
     pub fn lock_namespace(&mut self, ns: &Namespace) -> Result<()> {
-        self.tx
-            .execute(crate::namespace_lock_sql(), &[&ns.as_str()])
+        self.exec(crate::namespace_lock_sql(), &[&ns.as_str()])
             .map_err(pg_err)?;
         Ok(())
     }
@@ -86,8 +145,7 @@ impl<'c> Tx<'c> {
         let ns_s = ns.as_str();
         let t = target.as_str();
         let old: Option<i16> = self
-            .tx
-            .query_opt(
+            .fetch_opt(
                 "SELECT norm_id FROM lm_items WHERE ns = $1 AND target = $2 AND id = $3 FOR UPDATE",
                 &[&ns_s, &t, &id],
             )
@@ -96,33 +154,31 @@ impl<'c> Tx<'c> {
         let embedding = vector.map(|v| Vector::from(v.to_vec()));
         let vt = self.vector_type;
         // The key (insertion order, the exact search's tie-break) is kept on replacement.
-        self.tx
-            .execute(
-                &format!(
-                    "INSERT INTO lm_items (ns, target, id, sessions, norm_id, pending, embedding) \
+        self.exec(
+            &format!(
+                "INSERT INTO lm_items (ns, target, id, sessions, norm_id, pending, embedding) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7::vector::{vt}) \
                      ON CONFLICT (ns, target, id) DO UPDATE SET sessions = excluded.sessions, \
                      norm_id = excluded.norm_id, pending = excluded.pending, \
                      embedding = excluded.embedding"
-                ),
-                &[
-                    &ns_s,
-                    &t,
-                    &id,
-                    &sessions,
-                    &i16::from(doc.norm_id),
-                    &embedding.is_none(),
-                    &embedding,
-                ],
+            ),
+            &[
+                &ns_s,
+                &t,
+                &id,
+                &sessions,
+                &i16::from(doc.norm_id),
+                &embedding.is_none(),
+                &embedding,
+            ],
+        )
+        .map_err(pg_err)?;
+        if old.is_some() {
+            self.exec(
+                "DELETE FROM lm_postings WHERE ns = $1 AND target = $2 AND id = $3",
+                &[&ns_s, &t, &id],
             )
             .map_err(pg_err)?;
-        if old.is_some() {
-            self.tx
-                .execute(
-                    "DELETE FROM lm_postings WHERE ns = $1 AND target = $2 AND id = $3",
-                    &[&ns_s, &t, &id],
-                )
-                .map_err(pg_err)?;
         }
         self.insert_postings(ns, target, id, &doc)?;
         let old_tokens = old.map_or(0, |n| i64::from(text::norm_of(n as u8)));
@@ -149,28 +205,20 @@ impl<'c> Tx<'c> {
             .iter()
             .map(|(_, f)| i32::try_from(*f).unwrap_or(i32::MAX))
             .collect();
-        self.tx
-            .execute(
-                "INSERT INTO lm_postings (ns, term, target, id, tf) \
+        self.exec(
+            "INSERT INTO lm_postings (ns, term, target, id, tf) \
                  SELECT $1, t.term, $3, $4, t.tf FROM unnest($2::text[], $5::int[]) AS t(term, tf)",
-                &[&ns.as_str(), &terms, &target.as_str(), &id, &tfs],
-            )
-            .map_err(pg_err)?;
+            &[&ns.as_str(), &terms, &target.as_str(), &id, &tfs],
+        )
+        .map_err(pg_err)?;
         Ok(())
     }
 
+    /// Counts a change of the namespace's full-text statistics, written at commit.
     fn add_text_stats(&mut self, ns: &Namespace, docs: i64, tokens: i64) -> Result<()> {
-        if docs == 0 && tokens == 0 {
-            return Ok(());
-        }
-        self.tx
-            .execute(
-                "INSERT INTO lm_text_stats (ns, docs, tokens) VALUES ($1, $2, $3) \
-                 ON CONFLICT (ns) DO UPDATE SET docs = lm_text_stats.docs + excluded.docs, \
-                 tokens = lm_text_stats.tokens + excluded.tokens",
-                &[&ns.as_str(), &docs, &tokens],
-            )
-            .map_err(pg_err)?;
+        let entry = self.text_stats.entry(ns.to_string()).or_default();
+        entry.0 += docs;
+        entry.1 += tokens;
         Ok(())
     }
 
@@ -188,8 +236,7 @@ impl<'c> Tx<'c> {
         let embedding = vector.map(|v| Vector::from(v.to_vec()));
         let vt = self.vector_type;
         let n = self
-            .tx
-            .execute(
+            .exec(
                 &format!(
                     "UPDATE lm_items SET pending = $4, embedding = $5::vector::{vt} \
                      WHERE ns = $1 AND target = $2 AND id = $3"
@@ -209,8 +256,7 @@ impl<'c> Tx<'c> {
     /// Removes an item's index entry; true when it had a vector.
     fn drop_item(&mut self, ns: &Namespace, target: Target, id: &str) -> Result<bool> {
         let row = self
-            .tx
-            .query_opt(
+            .fetch_opt(
                 "DELETE FROM lm_items WHERE ns = $1 AND target = $2 AND id = $3 \
                  RETURNING norm_id, embedding IS NOT NULL",
                 &[&ns.as_str(), &target.as_str(), &id],
@@ -235,14 +281,13 @@ impl<'c> Tx<'c> {
     pub fn put_session(&mut self, ns: &Namespace, info: &SessionInfo) -> Result<()> {
         let turn_count = i32::try_from(info.turn_count)
             .map_err(|_| Error::InvalidInput("turn count out of range".into()))?;
-        self.tx
-            .execute(
-                "INSERT INTO lm_sessions (ns, id, turn_count, body) VALUES ($1, $2, $3, $4) \
+        self.exec(
+            "INSERT INTO lm_sessions (ns, id, turn_count, body) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (ns, id) DO UPDATE SET turn_count = excluded.turn_count, \
                  body = excluded.body",
-                &[&ns.as_str(), &info.id.as_str(), &turn_count, &json(info)?],
-            )
-            .map_err(pg_err)?;
+            &[&ns.as_str(), &info.id.as_str(), &turn_count, &json(info)?],
+        )
+        .map_err(pg_err)?;
         Ok(())
     }
 
@@ -252,17 +297,16 @@ impl<'c> Tx<'c> {
         let mut session = match read_session(&mut self.tx, ns, &turn.session, true)? {
             Some(s) => s,
             None => {
-                self.tx
-                    .execute(
-                        "INSERT INTO lm_sessions (ns, id, turn_count, body) VALUES ($1, $2, 0, $3) \
+                self.exec(
+                    "INSERT INTO lm_sessions (ns, id, turn_count, body) VALUES ($1, $2, 0, $3) \
                          ON CONFLICT (ns, id) DO NOTHING",
-                        &[
-                            &ns.as_str(),
-                            &turn.session.as_str(),
-                            &json(&SessionInfo::new(turn.session.clone(), None))?,
-                        ],
-                    )
-                    .map_err(pg_err)?;
+                    &[
+                        &ns.as_str(),
+                        &turn.session.as_str(),
+                        &json(&SessionInfo::new(turn.session.clone(), None))?,
+                    ],
+                )
+                .map_err(pg_err)?;
                 read_session(&mut self.tx, ns, &turn.session, true)?.ok_or_else(|| {
                     Error::Store(format!("session {} vanished while locked", turn.session))
                 })?
@@ -270,8 +314,7 @@ impl<'c> Tx<'c> {
         };
         if turn.index < session.turn_count {
             let existing = self
-                .tx
-                .query_opt(
+                .fetch_opt(
                     "SELECT body FROM lm_turns WHERE ns = $1 AND session = $2 AND idx = $3",
                     &[&ns.as_str(), &turn.session.as_str(), &(turn.index as i32)],
                 )
@@ -302,12 +345,11 @@ impl<'c> Tx<'c> {
             .map_err(|_| Error::InvalidInput("turn index out of range".into()))?;
         session.turn_count += 1;
         self.put_session(ns, &session)?;
-        self.tx
-            .execute(
-                "INSERT INTO lm_turns (ns, session, idx, body) VALUES ($1, $2, $3, $4)",
-                &[&ns.as_str(), &turn.session.as_str(), &index, &json(&turn)?],
-            )
-            .map_err(pg_err)?;
+        self.exec(
+            "INSERT INTO lm_turns (ns, session, idx, body) VALUES ($1, $2, $3, $4)",
+            &[&ns.as_str(), &turn.session.as_str(), &index, &json(&turn)?],
+        )
+        .map_err(pg_err)?;
         let id = ItemRef::Turn(turn.turn_ref()).id();
         let text = lycheemem_store::rules::turn_search_text(&turn);
         self.put_item(
@@ -322,14 +364,13 @@ impl<'c> Tx<'c> {
     }
 
     pub fn record(&mut self, ns: &Namespace, id: &str) -> Result<Option<Record>> {
-        self.tx
-            .query_opt(
-                "SELECT body FROM lm_records WHERE ns = $1 AND id = $2",
-                &[&ns.as_str(), &id],
-            )
-            .map_err(pg_err)?
-            .map(|r| from_json(r.get(0), "record"))
-            .transpose()
+        self.fetch_opt(
+            "SELECT body FROM lm_records WHERE ns = $1 AND id = $2",
+            &[&ns.as_str(), &id],
+        )
+        .map_err(pg_err)?
+        .map(|r| from_json(r.get(0), "record"))
+        .transpose()
     }
 
     pub fn put_record(
@@ -344,8 +385,7 @@ impl<'c> Tx<'c> {
         let (record, indexed) = match self.record(ns, &record.record_id)? {
             Some(old) => {
                 let has_vector: bool = self
-                    .tx
-                    .query_opt(
+                    .fetch_opt(
                         "SELECT embedding IS NOT NULL FROM lm_items \
                          WHERE ns = $1 AND target = 'record' AND id = $2",
                         &[&ns.as_str(), &record.record_id],
@@ -359,18 +399,17 @@ impl<'c> Tx<'c> {
             }
             None => (record, false),
         };
-        self.tx
-            .execute(
-                "INSERT INTO lm_records (ns, id, session, body) VALUES ($1, $2, $3, $4) \
+        self.exec(
+            "INSERT INTO lm_records (ns, id, session, body) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (ns, id) DO UPDATE SET body = excluded.body",
-                &[
-                    &ns.as_str(),
-                    &record.record_id,
-                    &record.source_session.as_str(),
-                    &json(&record)?,
-                ],
-            )
-            .map_err(pg_err)?;
+            &[
+                &ns.as_str(),
+                &record.record_id,
+                &record.source_session.as_str(),
+                &json(&record)?,
+            ],
+        )
+        .map_err(pg_err)?;
         if !indexed {
             let text = lycheemem_store::rules::record_search_text(&record);
             self.put_item(
@@ -386,14 +425,13 @@ impl<'c> Tx<'c> {
     }
 
     pub fn node(&mut self, ns: &Namespace, id: &str) -> Result<Option<EvidenceNode>> {
-        self.tx
-            .query_opt(
-                "SELECT body FROM lm_nodes WHERE ns = $1 AND id = $2",
-                &[&ns.as_str(), &id],
-            )
-            .map_err(pg_err)?
-            .map(|r| from_json(r.get(0), "node"))
-            .transpose()
+        self.fetch_opt(
+            "SELECT body FROM lm_nodes WHERE ns = $1 AND id = $2",
+            &[&ns.as_str(), &id],
+        )
+        .map_err(pg_err)?
+        .map(|r| from_json(r.get(0), "node"))
+        .transpose()
     }
 
     pub fn put_node(
@@ -416,35 +454,32 @@ impl<'c> Tx<'c> {
             .map(String::as_str)
             .collect();
         if !gone.is_empty() {
-            self.tx
-                .execute(
-                    "DELETE FROM lm_record_nodes WHERE ns = $1 AND node_id = $2 \
+            self.exec(
+                "DELETE FROM lm_record_nodes WHERE ns = $1 AND node_id = $2 \
                      AND record_id = ANY($3)",
-                    &[&ns.as_str(), &node.node_id, &gone],
-                )
-                .map_err(pg_err)?;
-        }
-        if !new.is_empty() {
-            self.tx
-                .execute(
-                    "INSERT INTO lm_record_nodes (ns, record_id, node_id) \
-                     SELECT $1, r, $2 FROM unnest($3::text[]) AS r ON CONFLICT DO NOTHING",
-                    &[&ns.as_str(), &node.node_id, &new],
-                )
-                .map_err(pg_err)?;
-        }
-        self.tx
-            .execute(
-                "INSERT INTO lm_nodes (ns, id, kind, body) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (ns, id) DO UPDATE SET kind = excluded.kind, body = excluded.body",
-                &[
-                    &ns.as_str(),
-                    &node.node_id,
-                    &node.kind.as_str(),
-                    &json(&node)?,
-                ],
+                &[&ns.as_str(), &node.node_id, &gone],
             )
             .map_err(pg_err)?;
+        }
+        if !new.is_empty() {
+            self.exec(
+                "INSERT INTO lm_record_nodes (ns, record_id, node_id) \
+                     SELECT $1, r, $2 FROM unnest($3::text[]) AS r ON CONFLICT DO NOTHING",
+                &[&ns.as_str(), &node.node_id, &new],
+            )
+            .map_err(pg_err)?;
+        }
+        self.exec(
+            "INSERT INTO lm_nodes (ns, id, kind, body) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (ns, id) DO UPDATE SET kind = excluded.kind, body = excluded.body",
+            &[
+                &ns.as_str(),
+                &node.node_id,
+                &node.kind.as_str(),
+                &json(&node)?,
+            ],
+        )
+        .map_err(pg_err)?;
         let sessions: Vec<String> = node.sessions.iter().cloned().collect();
         self.put_item(
             ns,
@@ -457,20 +492,19 @@ impl<'c> Tx<'c> {
     }
 
     pub fn put_segment(&mut self, ns: &Namespace, row: &SegmentRow) -> Result<()> {
-        self.tx
-            .execute(
-                "INSERT INTO lm_segments (ns, session, first_turn, failed, body) \
+        self.exec(
+            "INSERT INTO lm_segments (ns, session, first_turn, failed, body) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (ns, session, first_turn) \
                  DO UPDATE SET failed = excluded.failed, body = excluded.body",
-                &[
-                    &ns.as_str(),
-                    &row.segment.session.as_str(),
-                    &(row.segment.first_turn as i32),
-                    &matches!(row.outcome, SegmentOutcome::Failed { .. }),
-                    &json(row)?,
-                ],
-            )
-            .map_err(pg_err)?;
+            &[
+                &ns.as_str(),
+                &row.segment.session.as_str(),
+                &(row.segment.first_turn as i32),
+                &matches!(row.outcome, SegmentOutcome::Failed { .. }),
+                &json(row)?,
+            ],
+        )
+        .map_err(pg_err)?;
         Ok(())
     }
 
@@ -481,23 +515,21 @@ impl<'c> Tx<'c> {
         name: &str,
         value: &serde_json::Value,
     ) -> Result<()> {
-        self.tx
-            .execute(
-                "INSERT INTO lm_state (ns, session, name, value) VALUES ($1, $2, $3, $4) \
+        self.exec(
+            "INSERT INTO lm_state (ns, session, name, value) VALUES ($1, $2, $3, $4) \
                  ON CONFLICT (ns, session, name) DO UPDATE SET value = excluded.value",
-                &[&ns.as_str(), &session.as_str(), &name, &json(value)?],
-            )
-            .map_err(pg_err)?;
+            &[&ns.as_str(), &session.as_str(), &name, &json(value)?],
+        )
+        .map_err(pg_err)?;
         Ok(())
     }
 
     pub fn log_usage(&mut self, ns: &Namespace, usage: &TokenUsage) -> Result<()> {
-        self.tx
-            .execute(
-                "INSERT INTO lm_usage (ns, body) VALUES ($1, $2)",
-                &[&ns.as_str(), &json(usage)?],
-            )
-            .map_err(pg_err)?;
+        self.exec(
+            "INSERT INTO lm_usage (ns, body) VALUES ($1, $2)",
+            &[&ns.as_str(), &json(usage)?],
+        )
+        .map_err(pg_err)?;
         Ok(())
     }
 
@@ -529,20 +561,18 @@ impl<'c> Tx<'c> {
         let Some(record) = self.record(ns, id)? else {
             return Ok(receipt);
         };
-        self.tx
-            .execute(
-                "DELETE FROM lm_records WHERE ns = $1 AND id = $2",
-                &[&ns.as_str(), &id],
-            )
-            .map_err(pg_err)?;
+        self.exec(
+            "DELETE FROM lm_records WHERE ns = $1 AND id = $2",
+            &[&ns.as_str(), &id],
+        )
+        .map_err(pg_err)?;
         if self.drop_item(ns, Target::Record, id)? {
             receipt.vectors += 1;
         }
         receipt.records += 1;
         // Every segment of the session that stated the record stops listing it.
         let rows = self
-            .tx
-            .query(
+            .fetch(
                 "SELECT first_turn, body FROM lm_segments WHERE ns = $1 AND session = $2",
                 &[&ns.as_str(), &record.source_session.as_str()],
             )
@@ -555,8 +585,7 @@ impl<'c> Tx<'c> {
             }
         }
         let links: Vec<String> = self
-            .tx
-            .query(
+            .fetch(
                 "DELETE FROM lm_record_nodes WHERE ns = $1 AND record_id = $2 RETURNING node_id",
                 &[&ns.as_str(), &id],
             )
@@ -601,18 +630,16 @@ impl<'c> Tx<'c> {
         let Some(node) = self.node(ns, id)? else {
             return Ok(receipt);
         };
-        self.tx
-            .execute(
-                "DELETE FROM lm_nodes WHERE ns = $1 AND id = $2",
-                &[&ns.as_str(), &id],
-            )
-            .map_err(pg_err)?;
-        self.tx
-            .execute(
-                "DELETE FROM lm_record_nodes WHERE ns = $1 AND node_id = $2",
-                &[&ns.as_str(), &id],
-            )
-            .map_err(pg_err)?;
+        self.exec(
+            "DELETE FROM lm_nodes WHERE ns = $1 AND id = $2",
+            &[&ns.as_str(), &id],
+        )
+        .map_err(pg_err)?;
+        self.exec(
+            "DELETE FROM lm_record_nodes WHERE ns = $1 AND node_id = $2",
+            &[&ns.as_str(), &id],
+        )
+        .map_err(pg_err)?;
         if self.drop_item(ns, Target::Node(node.kind), id)? {
             receipt.vectors += 1;
         }
@@ -629,8 +656,7 @@ impl<'c> Tx<'c> {
     ) -> Result<DeleteReceipt> {
         let mut receipt = DeleteReceipt::default();
         let ids: Vec<String> = self
-            .tx
-            .query(
+            .fetch(
                 "SELECT id FROM lm_records WHERE ns = $1 AND session = $2 ORDER BY id",
                 &[&ns.as_str(), &session.as_str()],
             )
@@ -642,15 +668,13 @@ impl<'c> Tx<'c> {
             receipt.add(&self.delete_record(ns, &rid)?);
         }
         receipt.segments += self
-            .tx
-            .execute(
+            .exec(
                 "DELETE FROM lm_segments WHERE ns = $1 AND session = $2",
                 &[&ns.as_str(), &session.as_str()],
             )
             .map_err(pg_err)?;
         receipt.state_entries += self
-            .tx
-            .execute(
+            .exec(
                 "DELETE FROM lm_state WHERE ns = $1 AND session = $2",
                 &[&ns.as_str(), &session.as_str()],
             )
@@ -661,8 +685,7 @@ impl<'c> Tx<'c> {
     pub fn delete_session(&mut self, ns: &Namespace, session: &SessionId) -> Result<DeleteReceipt> {
         let mut receipt = self.clear_session_derived(ns, session)?;
         let turns = self
-            .tx
-            .query(
+            .fetch(
                 "DELETE FROM lm_turns WHERE ns = $1 AND session = $2 RETURNING idx",
                 &[&ns.as_str(), &session.as_str()],
             )
@@ -675,8 +698,7 @@ impl<'c> Tx<'c> {
             receipt.turns += 1;
         }
         receipt.sessions += self
-            .tx
-            .execute(
+            .exec(
                 "DELETE FROM lm_sessions WHERE ns = $1 AND id = $2",
                 &[&ns.as_str(), &session.as_str()],
             )
@@ -702,6 +724,7 @@ impl<'c> Tx<'c> {
         del(&mut self.tx, "lm_postings")?;
         del(&mut self.tx, "lm_items")?;
         del(&mut self.tx, "lm_text_stats")?;
+        self.text_stats.remove(n);
         del(&mut self.tx, "lm_record_nodes")?;
         receipt.sessions = del(&mut self.tx, "lm_sessions")?;
         receipt.turns = del(&mut self.tx, "lm_turns")?;
