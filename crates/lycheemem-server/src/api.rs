@@ -224,7 +224,13 @@ pub(crate) async fn store_and_queue(
     first_index: Option<u32>,
     turns: Vec<NewTurn>,
 ) -> ApiResult<lycheemem::AppendReceipt> {
-    let permit = reserve_slot(s)?;
+    // A session whose job already waits needs no slot: that job will process these turns too.
+    // Otherwise a slot is reserved before anything is stored, so a full queue refuses cleanly.
+    let permit = if s.waiting.contains(&ns, &sid) {
+        None
+    } else {
+        Some(reserve_slot(s)?)
+    };
     let memory = s.memory.clone();
     let (ns2, sid2) = (ns.clone(), sid.clone());
     let receipt =
@@ -233,11 +239,27 @@ pub(crate) async fn store_and_queue(
     s.metrics
         .turns_stored
         .fetch_add(receipt.count, Ordering::Relaxed);
-    // One waiting job per session: if one waits already, it will process these turns too (the
+    // One waiting job per session: if one waits now, it will process these turns too (a
     // reserved slot is given back).
     if s.waiting.mark(&ns, &sid) {
-        s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-        permit.send(Job::Process { ns, session: sid });
+        let job = Job::Process {
+            ns: ns.clone(),
+            session: sid.clone(),
+        };
+        let sent = match permit {
+            Some(permit) => {
+                permit.send(job);
+                true
+            }
+            // The waiting job was taken while these turns were stored: queue another if a slot
+            // is free, else leave them to the sweeper (they are durable either way).
+            None => s.queue.try_send(job).is_ok(),
+        };
+        if sent {
+            s.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        } else {
+            s.waiting.unmark(&ns, &sid);
+        }
     }
     Ok(receipt)
 }

@@ -46,6 +46,14 @@ impl Waiting {
             .insert((ns.clone(), session.clone()))
     }
 
+    /// Whether the session has a job waiting.
+    pub fn contains(&self, ns: &Namespace, session: &SessionId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&(ns.clone(), session.clone()))
+    }
+
     /// The session's job was taken (or could not be sent).
     pub fn unmark(&self, ns: &Namespace, session: &SessionId) {
         self.0

@@ -203,8 +203,11 @@ impl PgStore {
     pub fn drop_vector_indexes(&self) -> Result<()> {
         let mut conn = self.conn()?;
         for target in lycheemem_store::Target::ALL {
+            // Qualified: an unqualified name could resolve to another store's index in
+            // `public` once this schema's is gone.
             conn.batch_execute(&format!(
-                "DROP INDEX IF EXISTS lm_items_hnsw_{}",
+                "DROP INDEX IF EXISTS \"{}\".lm_items_hnsw_{}",
+                self.schema,
                 target.as_str()
             ))
             .map_err(pg_err)?;
@@ -293,7 +296,7 @@ impl PgStore {
 }
 
 /// A connection URL without its password, for messages.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.find('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];

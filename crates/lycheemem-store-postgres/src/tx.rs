@@ -723,8 +723,6 @@ impl<'c> Tx<'c> {
             .get::<_, i64>(0) as u64;
         del(&mut self.tx, "lm_postings")?;
         del(&mut self.tx, "lm_items")?;
-        del(&mut self.tx, "lm_text_stats")?;
-        self.text_stats.remove(n);
         del(&mut self.tx, "lm_record_nodes")?;
         receipt.sessions = del(&mut self.tx, "lm_sessions")?;
         receipt.turns = del(&mut self.tx, "lm_turns")?;
@@ -733,6 +731,9 @@ impl<'c> Tx<'c> {
         receipt.nodes_removed = del(&mut self.tx, "lm_nodes")?;
         receipt.state_entries = del(&mut self.tx, "lm_state")?;
         receipt.usage_entries = del(&mut self.tx, "lm_usage")?;
+        // Last, as at commit: appends lock their session row before the statistics row.
+        del(&mut self.tx, "lm_text_stats")?;
+        self.text_stats.remove(n);
         Ok(receipt)
     }
 

@@ -54,7 +54,9 @@ pub fn migrate_namespace(
     if let Some(schema) = &options.to_postgres_schema {
         to_config.store.postgres_schema = schema.clone();
     }
-    if from == to && to_config.store.postgres_schema == config.store.postgres_schema {
+    let same_schema = !is_postgres_location(to)
+        || to_config.store.postgres_schema == config.store.postgres_schema;
+    if from == to && same_schema {
         return Err(Error::InvalidInput(
             "the source and the destination are the same store; export and import to copy \
              a namespace within one store"
@@ -65,7 +67,7 @@ pub fn migrate_namespace(
     if !source.has_namespace(ns)? {
         return Err(Error::NotFound(format!(
             "namespace {ns} has no memory in {}",
-            from.display()
+            shown(from)
         )));
     }
     let dims = source.vector_dims();
@@ -83,7 +85,7 @@ pub fn migrate_namespace(
     if dest.has_namespace(&to_ns)? {
         return Err(Error::InvalidInput(format!(
             "{} already holds namespace {to_ns}; delete it there first or choose another name",
-            to.display()
+            shown(to)
         )));
     }
     let spool = tempfile::tempfile().map_err(|e| Error::Store(format!("spool file: {e}")))?;
@@ -134,6 +136,16 @@ pub fn migrate_namespace(
     })
 }
 
+/// A store location for messages (a PostgreSQL URL without its password).
+fn shown(location: &Path) -> String {
+    let text = location.display().to_string();
+    #[cfg(feature = "postgres")]
+    if is_postgres_location(location) {
+        return lycheemem_store_postgres::redact(&text);
+    }
+    text
+}
+
 /// The destination store, concrete where a bulk load needs PostgreSQL's index calls.
 enum Destination {
     Any(Box<dyn MemoryStore>),
@@ -181,16 +193,30 @@ impl Destination {
         match (self, rebuild) {
             #[cfg(feature = "postgres")]
             (Destination::Postgres(pg), Some(memory_mib)) => {
-                pg.drop_vector_indexes()?;
-                let imported = pg.import(ns, input, None);
-                let built = pg.build_vector_indexes(memory_mib)?;
-                Ok((
-                    imported?,
-                    built
-                        .into_iter()
-                        .map(|(t, s)| (t.as_str().to_string(), s))
-                        .collect(),
-                ))
+                // The indexes are built whatever happened before (a partial drop, a failed
+                // import), so the schema is not left without them.
+                let imported = pg
+                    .drop_vector_indexes()
+                    .and_then(|()| pg.import(ns, input, None));
+                let built = pg.build_vector_indexes(memory_mib);
+                match (imported, built) {
+                    (Ok(imported), Ok(built)) => Ok((
+                        imported,
+                        built
+                            .into_iter()
+                            .map(|(t, s)| (t.as_str().to_string(), s))
+                            .collect(),
+                    )),
+                    (Err(e), Ok(_)) => Err(e),
+                    (Err(e), Err(b)) => Err(Error::Store(format!(
+                        "{e}; rebuilding the vector indexes afterwards failed too: {b}"
+                    ))),
+                    (Ok(_), Err(b)) => Err(Error::Store(format!(
+                        "the namespace was imported, but building the schema's HNSW vector \
+                         indexes failed ({b}); vector searches scan exactly until they exist \
+                         (`PgStore::build_vector_indexes` builds the missing ones)"
+                    ))),
+                }
             }
             _ => Ok((self.store().import(ns, input, None)?, Vec::new())),
         }
