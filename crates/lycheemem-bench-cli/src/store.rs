@@ -703,7 +703,7 @@ fn measure_vector_search(
         rows.push(
             &format!("HNSW ef={ef}: p50 / p99 ms, recall@10, speed-up vs exact"),
             format!(
-                "{p50:.2} / {:.2}, {:.3}, {:.0}x",
+                "{p50:.2} / {:.2}, {:.3}, {:.2}x",
                 percentile(&ms, 0.99),
                 found as f64 / (10 * queries.len()) as f64,
                 exact_p50 / p50

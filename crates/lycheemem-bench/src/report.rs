@@ -682,6 +682,7 @@ pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
     });
     let mut md = markdown(meta, &runs(out)?, &sums, common.as_deref(), &builds);
     md.push_str(&waterfall_markdown(&preds));
+    md.push_str(&question_types_markdown(&preds));
     let write = |name: &str, body: &[u8]| -> Result<()> {
         std::fs::write(out.join(name), body).with_context(|| format!("writing {name}"))
     };
@@ -780,6 +781,52 @@ candidates with source windows; `pool`: what selection chose from; `final`: the 
                 recall(None),
                 per_cat.join(" | ")
             );
+        }
+    }
+    out
+}
+
+/// The planner's question types per benchmark category, per planning variant (a diagnostic:
+/// whether the types reflect the questions; empty when no prediction carries a type).
+pub fn question_types_markdown(preds: &[Prediction]) -> String {
+    let mut out = String::new();
+    let mut variants: Vec<&str> = preds
+        .iter()
+        .filter(|p| p.question_type.is_some())
+        .map(|p| p.variant.as_str())
+        .collect();
+    variants.sort_by_key(|v| (rank(v), v.to_string()));
+    variants.dedup();
+    if variants.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "\n## Question types the planner gave, per category\n");
+    let types: Vec<&str> = lycheemem_core::QuestionType::ALL
+        .iter()
+        .map(|t| t.as_str())
+        .collect();
+    for v in variants {
+        let mine: Vec<&Prediction> = preds
+            .iter()
+            .filter(|p| p.variant == v && p.question_type.is_some())
+            .collect();
+        let mut categories: Vec<&str> = mine.iter().map(|p| p.category.as_str()).collect();
+        categories.sort();
+        categories.dedup();
+        let _ = writeln!(out, "\n### {v}\n");
+        let _ = writeln!(out, "| category | {} |", types.join(" | "));
+        let _ = writeln!(out, "|---|{}", "---:|".repeat(types.len()));
+        for c in categories {
+            let counts: Vec<String> = types
+                .iter()
+                .map(|t| {
+                    mine.iter()
+                        .filter(|p| p.category == c && p.question_type.as_deref() == Some(t))
+                        .count()
+                        .to_string()
+                })
+                .collect();
+            let _ = writeln!(out, "| {c} | {} |", counts.join(" | "));
         }
     }
     out

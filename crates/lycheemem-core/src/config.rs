@@ -532,6 +532,9 @@ pub struct RetrievalConfig {
     pub min_top_k: usize,
     /// One planner LLM call per question (off = `no_planner` ablation).
     pub planner: bool,
+    /// Cross-check the planner's question type against the question's wording (a specialized
+    /// type needs a cue in the question; docs/algorithm.md, "Planning").
+    pub question_type_cues: bool,
     pub planner_context_chars: usize,
     pub max_queries: usize,
     pub max_routes: usize,
@@ -633,6 +636,7 @@ impl Default for RetrievalConfig {
         RetrievalConfig {
             min_top_k: 15,
             planner: true,
+            question_type_cues: true,
             planner_context_chars: 2000,
             max_queries: 16,
             max_routes: 8,

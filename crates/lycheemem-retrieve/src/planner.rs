@@ -11,14 +11,173 @@ use lycheemem_core::{Constraint, Plan, QuestionType, Route, TemporalFilter, Toke
 use lycheemem_llm::{ChatMessage, GenerateOptions, Llm};
 use serde_json::{Value, json};
 
-/// The planner's standing instructions.
+/// The planner's standing instructions. The examples are made up for this prompt (no benchmark
+/// question is among them).
 pub const PLANNER_INSTRUCTIONS: &str = "You plan memory retrieval for a question about past conversations.
 Return one JSON object:
-- question_type: single, aggregate, temporal, comparison, personalized_advice, prior_assistant_response or other.
+- question_type: what the question asks for.
+  single: one fact (who, what, where, which). Example: \"What breed is Sam's dog?\"
+  temporal: when something happened, how long ago or how long it lasted, or the order of events. Example: \"When did Sam adopt the dog?\"
+  aggregate: a count, a total or a list gathered over several occasions. Example: \"How many concerts has Sam been to?\"
+  comparison: two or more named things, people or times set against each other. Example: \"Which trip did Sam like more, Rome or Oslo?\"
+  personalized_advice: a recommendation that fits the user's history. Example: \"Can you suggest a gift for my sister?\"
+  prior_assistant_response: what the assistant itself said earlier. Example: \"What was the recipe you gave me?\"
+  other: none of these.
 - semantic_queries: short search queries that would match the stored memories.
 - temporal_filter: {since, until} as ISO dates (YYYY-MM-DD) when the question is about a time period, else null. \"on DATE\" sets both; \"before/by DATE\" sets until; \"after/since DATE\" sets since. Resolve relative times against the reference date.
-- routes: usually ONE route; several only when the question needs separate pieces of evidence (e.g. a comparison of two things). Each route: route_id, goal, queries, constraints (list of {kind, value}, e.g. {\"kind\": \"person\", \"value\": \"Caroline\"}), temporal_filter.
+- routes: usually ONE route; several only when the question needs separate pieces of evidence (e.g. a comparison of two things). Each route: route_id, goal, queries, constraints (list of {kind, value}, e.g. {\"kind\": \"person\", \"value\": \"Sam\"}), temporal_filter.
 Reply with the JSON object only.";
+
+/// Changes whenever the planning call or the type rule changes in a way the instructions and
+/// the schema do not show: part of the key under which the benchmark harness caches plans.
+pub const PLANNER_REVISION: u32 = 2;
+
+/// The types whose wording a question carries (docs/algorithm.md, "Planning": the type
+/// cross-check), most specific first. Matching is on lowercased words and word pairs; a date in
+/// the question or a bounded temporal filter also counts as a temporal cue.
+pub fn question_type_cues(question: &str, has_date_bound: bool) -> Vec<QuestionType> {
+    let lower = question.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_alphanumeric() && c != '\'')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let has = |w: &str| words.contains(&w);
+    let pair = |a: &str, b: &str| words.windows(2).any(|p| p[0] == a && p[1] == b);
+    let mut cues = Vec::new();
+    let you_did = [
+        "said",
+        "told",
+        "suggested",
+        "recommended",
+        "mentioned",
+        "gave",
+        "provided",
+        "shared",
+        "wrote",
+        "listed",
+    ];
+    if you_did.iter().any(|v| pair("you", v))
+        || has("your")
+            && ["suggestion", "recommendation", "advice", "answer"]
+                .iter()
+                .any(|w| has(w))
+    {
+        cues.push(QuestionType::PriorAssistantResponse);
+    }
+    if ["recommend", "suggest", "advice", "advise", "tips", "ideas"]
+        .iter()
+        .any(|w| has(w))
+        || pair("should", "i")
+        || pair("could", "i")
+        || pair("can", "i")
+    {
+        cues.push(QuestionType::PersonalizedAdvice);
+    }
+    let is_year = |w: &&str| {
+        w.len() == 4
+            && w.chars().all(|c| c.is_ascii_digit())
+            && (w.starts_with("19") || w.starts_with("20"))
+    };
+    const MONTHS: [&str; 12] = [
+        "january",
+        "february",
+        "march",
+        "april",
+        "may",
+        "june",
+        "july",
+        "august",
+        "september",
+        "october",
+        "november",
+        "december",
+    ];
+    let temporal_words = [
+        "when",
+        "date",
+        "dates",
+        "year",
+        "years",
+        "month",
+        "months",
+        "week",
+        "weeks",
+        "day",
+        "days",
+        "ago",
+        "before",
+        "after",
+        "since",
+        "until",
+        "earlier",
+        "later",
+        "recently",
+        "yesterday",
+        "today",
+        "tomorrow",
+        "first",
+        "last",
+        "time",
+    ];
+    if has_date_bound
+        || temporal_words.iter().any(|w| has(w))
+        || pair("how", "long")
+        || words.iter().any(is_year)
+        || MONTHS.iter().any(|m| *m != "may" && has(m))
+    {
+        cues.push(QuestionType::Temporal);
+    }
+    if pair("how", "many")
+        || pair("how", "much")
+        || pair("how", "often")
+        || pair("number", "of")
+        || ["total", "altogether", "list", "count", "every", "each"]
+            .iter()
+            .any(|w| has(w))
+        || pair("all", "the")
+    {
+        cues.push(QuestionType::Aggregate);
+    }
+    if [
+        "compare",
+        "compared",
+        "comparison",
+        "difference",
+        "differ",
+        "versus",
+        "vs",
+        "than",
+        "or",
+        "both",
+        "prefer",
+        "better",
+        "worse",
+        "more",
+        "less",
+        "most",
+        "least",
+    ]
+    .iter()
+    .any(|w| has(w))
+    {
+        cues.push(QuestionType::Comparison);
+    }
+    cues
+}
+
+/// The type cross-check: a specialized type the planner gives stands when the question's
+/// wording carries it; otherwise the most specific type the wording does carry wins, and a
+/// question with no cue at all is `single` (or `other`, when the planner said so).
+pub fn checked_question_type(planned: QuestionType, cues: &[QuestionType]) -> QuestionType {
+    if cues.contains(&planned) {
+        return planned;
+    }
+    match cues.first() {
+        Some(&cued) => cued,
+        None if planned == QuestionType::Other => QuestionType::Other,
+        None => QuestionType::Single,
+    }
+}
 
 /// The plan JSON Schema (constrained decoding locally, `response_format` remotely).
 pub fn plan_schema(cfg: &RetrievalConfig) -> Value {
@@ -242,7 +401,7 @@ pub fn parse_plan(
     let anchor = reference_date
         .and_then(parse_date)
         .map(|p| p.date.first_day());
-    let question_type = value
+    let planned_type = value
         .get("question_type")
         .and_then(Value::as_str)
         .map(QuestionType::parse_lenient)
@@ -320,6 +479,12 @@ pub fn parse_plan(
         fallback.routes[0].temporal_filter = plan_filter.clone();
         routes = fallback.routes;
     }
+    let question_type = if cfg.question_type_cues {
+        let bounded = !plan_filter.is_open() || routes.iter().any(|r| !r.temporal_filter.is_open());
+        checked_question_type(planned_type, &question_type_cues(question, bounded))
+    } else {
+        planned_type
+    };
     Ok(Plan {
         question_type,
         semantic_queries,
@@ -407,6 +572,65 @@ mod tests {
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), 8);
+    }
+
+    #[test]
+    fn a_type_stands_only_where_the_question_carries_it() {
+        use QuestionType::*;
+        let checked =
+            |q: &str, planned| checked_question_type(planned, &question_type_cues(q, false));
+        assert_eq!(checked("When did Sam adopt the dog?", Comparison), Temporal);
+        assert_eq!(checked("How long has Sam lived in Oslo?", Single), Temporal);
+        assert_eq!(checked("What breed is Sam's dog?", Comparison), Single);
+        assert_eq!(checked("What breed is Sam's dog?", Other), Other);
+        // Two cues: the planner's choice among them stands, else the more specific one.
+        let q = "How many concerts did Sam go to last year?";
+        assert_eq!(checked(q, Aggregate), Aggregate);
+        assert_eq!(checked(q, Comparison), Temporal);
+        assert_eq!(
+            checked("Which trip did Sam like more, Rome or Oslo?", Comparison),
+            Comparison
+        );
+        assert_eq!(
+            checked("What was the recipe you gave me?", Single),
+            PriorAssistantResponse
+        );
+        assert_eq!(
+            checked("Can you suggest a gift for my sister?", Single),
+            PersonalizedAdvice
+        );
+        // "May" is a verb as often as a month; a year is a date.
+        assert_eq!(checked("What may Sam bring?", Temporal), Single);
+        assert_eq!(checked("What did Sam bring in 2023?", Single), Temporal);
+        assert_eq!(
+            question_type_cues("What did Sam bring?", true),
+            vec![Temporal]
+        );
+    }
+
+    #[test]
+    fn the_type_cross_check_runs_on_parsed_plans_unless_switched_off() {
+        let reply = r#"{"question_type": "comparison", "semantic_queries": ["dog breed"],
+            "temporal_filter": null, "routes": [{"route_id": "a", "goal": "breed", "queries": ["dog breed"],
+              "constraints": [], "temporal_filter": null}]}"#;
+        let p = parse_plan(reply, "What breed is Sam's dog?", None, &cfg()).unwrap();
+        assert_eq!(p.question_type, QuestionType::Single);
+        let dated = reply.replace(
+            r#""temporal_filter": null, "routes""#,
+            r#""temporal_filter": {"since": "2023-01-01", "until": null}, "routes""#,
+        );
+        let p = parse_plan(&dated, "What breed is Sam's dog?", None, &cfg()).unwrap();
+        assert_eq!(
+            p.question_type,
+            QuestionType::Temporal,
+            "a date bound is a temporal cue"
+        );
+        let off = RetrievalConfig {
+            question_type_cues: false,
+            ..cfg()
+        };
+        let p = parse_plan(reply, "What breed is Sam's dog?", None, &off).unwrap();
+        assert_eq!(p.question_type, QuestionType::Comparison);
     }
 
     #[test]

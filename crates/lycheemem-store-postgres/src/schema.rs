@@ -8,7 +8,7 @@ use lycheemem_store::Target;
 use crate::{PgStore, pg_err};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The advisory lock key migrations run under (one per database; cheap and rare).
 const MIGRATION_LOCK: i64 = 0x6c79_6368_6565_6d01;
@@ -100,6 +100,24 @@ CREATE TABLE lm_settings (
     }
     sql
 }
+
+/// Version 2: full-text search without a join or a posting-list count per query. Each posting
+/// carries its document's length id (and the primary key includes it and the term frequency, so
+/// scoring reads the index only), and `lm_term_df` holds each term's document frequency per
+/// namespace (kept at commit). Existing rows are filled in.
+const VERSION_2: &str = r#"
+ALTER TABLE lm_postings ADD COLUMN norm_id smallint;
+UPDATE lm_postings p SET norm_id = i.norm_id FROM lm_items i
+    WHERE i.ns = p.ns AND i.target = p.target AND i.id = p.id;
+ALTER TABLE lm_postings ALTER COLUMN norm_id SET NOT NULL;
+ALTER TABLE lm_postings DROP CONSTRAINT lm_postings_pkey;
+ALTER TABLE lm_postings ADD CONSTRAINT lm_postings_pkey
+    PRIMARY KEY (ns, term, target, id) INCLUDE (tf, norm_id);
+CREATE TABLE lm_term_df (
+    ns text COLLATE "C" NOT NULL, term text COLLATE "C" NOT NULL, df bigint NOT NULL,
+    PRIMARY KEY (ns, term));
+INSERT INTO lm_term_df (ns, term, df) SELECT ns, term, count(*) FROM lm_postings GROUP BY ns, term;
+"#;
 
 /// The HNSW index of one target's vectors (a partial index over `lm_items`, shared by every
 /// namespace of the schema).
@@ -213,6 +231,16 @@ pub(crate) fn migrate(store: &PgStore) -> Result<(usize, &'static str)> {
                 )
                 .map_err(pg_err)?;
             }
+            tx.commit().map_err(pg_err)?;
+        }
+        if version < 2 {
+            let mut tx = conn.transaction().map_err(pg_err)?;
+            tx.batch_execute(VERSION_2).map_err(pg_err)?;
+            tx.execute(
+                "UPDATE lm_meta SET value = '2' WHERE key = 'schema_version'",
+                &[],
+            )
+            .map_err(pg_err)?;
             tx.commit().map_err(pg_err)?;
         }
         Ok((dims, vector_type))

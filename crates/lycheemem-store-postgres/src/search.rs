@@ -94,11 +94,17 @@ impl PgStore {
         let (qp, kp) = (params.len() + 1, params.len() + 2);
         let mut conn = self.conn()?;
         let mut tx = conn.transaction().map_err(pg_err)?;
+        // Whether the candidates are few enough for exact search, and whether the index found
+        // enough: counted up to max(threshold, k) + 1 only (a full count cost ~10 ms per search
+        // at 100k items).
+        let below = i64::try_from(self.options.index.exact_search_below.max(k))
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
         let available: i64 = tx
             .query_one(
                 &format!(
-                    "SELECT count(*) FROM lm_items i WHERE i.ns = $1 AND i.target = '{t}' \
-                     AND i.embedding IS NOT NULL{cond}"
+                    "SELECT count(*) FROM (SELECT 1 FROM lm_items i WHERE i.ns = $1 \
+                     AND i.target = '{t}' AND i.embedding IS NOT NULL{cond} LIMIT {below}) c"
                 ),
                 &params,
             )
@@ -209,8 +215,7 @@ impl StoreSearch for PgStore {
         let bm25 = Bm25::new(docs as u64, tokens.max(0) as u64);
         let df: HashMap<String, i64> = tx
             .query(
-                "SELECT term, count(*) FROM lm_postings WHERE ns = $1 AND term = ANY($2) \
-                 GROUP BY term",
+                "SELECT term, df FROM lm_term_df WHERE ns = $1 AND term = ANY($2)",
                 &[&n, &terms],
             )
             .map_err(pg_err)?
@@ -227,20 +232,27 @@ impl StoreSearch for PgStore {
         let limit = i64::try_from(k)
             .unwrap_or(i64::MAX)
             .saturating_add(TIE_MARGIN);
-        let session_s = session.map(|s| s.to_string());
+        let session_s = session.map(|s| s.to_string()).unwrap_or_default();
         let t = target.as_str();
+        // Scored from the postings alone (their primary key includes tf and the length id); a
+        // session filter looks the item up.
+        let session_cond = if session.is_some() {
+            " AND EXISTS (SELECT 1 FROM lm_items i WHERE i.ns = p.ns AND i.target = p.target \
+               AND i.id = p.id AND $6::text = ANY(i.sessions))"
+        } else {
+            // `$6` stays bound (one parameter list for both forms); this is always true.
+            " AND $6::text IS NOT NULL"
+        };
         let rows = tx
             .query(
                 &format!(
-                    "SELECT p.id, i.norm_id, array_agg(p.term), array_agg(p.tf), \
+                    "SELECT p.id, min(p.norm_id), array_agg(p.term), array_agg(p.tf), \
                        sum(w.weight * p.tf / (p.tf + {k1} * (1 - {b} + {b} * \
-                           ($4::int[])[i.norm_id + 1] / $5::float8))) AS s \
+                           ($4::int[])[p.norm_id + 1] / $5::float8))) AS s \
                      FROM lm_postings p \
                      JOIN unnest($2::text[], $3::float8[]) AS w(term, weight) ON p.term = w.term \
-                     JOIN lm_items i ON i.ns = p.ns AND i.target = p.target AND i.id = p.id \
-                     WHERE p.ns = $1 AND p.target = '{t}' \
-                       AND ($6::text IS NULL OR $6::text = ANY(i.sessions)) \
-                     GROUP BY p.id, i.norm_id ORDER BY s DESC, p.id LIMIT $7",
+                     WHERE p.ns = $1 AND p.target = '{t}'{session_cond} \
+                     GROUP BY p.id ORDER BY s DESC, p.id LIMIT $7",
                     k1 = text::BM25_K1,
                     b = text::BM25_B,
                 ),

@@ -30,6 +30,8 @@ pub(crate) struct Tx<'c> {
     /// Full-text statistics changes per namespace (documents, tokens), written once at commit
     /// rather than as one update of the same row per item.
     text_stats: HashMap<String, (i64, i64)>,
+    /// Document-frequency changes per (namespace, term), written once at commit.
+    term_df: HashMap<(String, String), i64>,
 }
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
@@ -55,6 +57,7 @@ impl<'c> Tx<'c> {
             analyzer: text::analyzer(),
             statements: HashMap::new(),
             text_stats: HashMap::new(),
+            term_df: HashMap::new(),
         })
     }
 
@@ -72,6 +75,21 @@ impl<'c> Tx<'c> {
                  ON CONFLICT (ns) DO UPDATE SET docs = lm_text_stats.docs + excluded.docs, \
                  tokens = lm_text_stats.tokens + excluded.tokens",
                 &[&ns, &docs, &tokens],
+            )
+            .map_err(pg_err)?;
+        }
+        // Then the terms' document frequencies, in key order, in one statement.
+        let mut df: Vec<((String, String), i64)> =
+            self.term_df.drain().filter(|(_, d)| *d != 0).collect();
+        df.sort();
+        if !df.is_empty() {
+            let (keys, deltas): (Vec<(String, String)>, Vec<i64>) = df.into_iter().unzip();
+            let (nss, terms): (Vec<String>, Vec<String>) = keys.into_iter().unzip();
+            self.exec(
+                "INSERT INTO lm_term_df (ns, term, df) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) \
+                 ON CONFLICT (ns, term) DO UPDATE SET df = lm_term_df.df + excluded.df",
+                &[&nss, &terms, &deltas],
             )
             .map_err(pg_err)?;
         }
@@ -174,11 +192,7 @@ impl<'c> Tx<'c> {
         )
         .map_err(pg_err)?;
         if old.is_some() {
-            self.exec(
-                "DELETE FROM lm_postings WHERE ns = $1 AND target = $2 AND id = $3",
-                &[&ns_s, &t, &id],
-            )
-            .map_err(pg_err)?;
+            self.delete_postings(ns, target, id)?;
         }
         self.insert_postings(ns, target, id, &doc)?;
         let old_tokens = old.map_or(0, |n| i64::from(text::norm_of(n as u8)));
@@ -206,11 +220,39 @@ impl<'c> Tx<'c> {
             .map(|(_, f)| i32::try_from(*f).unwrap_or(i32::MAX))
             .collect();
         self.exec(
-            "INSERT INTO lm_postings (ns, term, target, id, tf) \
-                 SELECT $1, t.term, $3, $4, t.tf FROM unnest($2::text[], $5::int[]) AS t(term, tf)",
-            &[&ns.as_str(), &terms, &target.as_str(), &id, &tfs],
+            "INSERT INTO lm_postings (ns, term, target, id, tf, norm_id) \
+                 SELECT $1, t.term, $3, $4, t.tf, $6 \
+                 FROM unnest($2::text[], $5::int[]) AS t(term, tf)",
+            &[
+                &ns.as_str(),
+                &terms,
+                &target.as_str(),
+                &id,
+                &tfs,
+                &i16::from(doc.norm_id),
+            ],
         )
         .map_err(pg_err)?;
+        for term in terms {
+            *self
+                .term_df
+                .entry((ns.to_string(), term.to_string()))
+                .or_default() += 1;
+        }
+        Ok(())
+    }
+
+    /// Removes an item's postings, counting its terms out of the document frequencies.
+    fn delete_postings(&mut self, ns: &Namespace, target: Target, id: &str) -> Result<()> {
+        let rows = self
+            .fetch(
+                "DELETE FROM lm_postings WHERE ns = $1 AND target = $2 AND id = $3 RETURNING term",
+                &[&ns.as_str(), &target.as_str(), &id],
+            )
+            .map_err(pg_err)?;
+        for r in rows {
+            *self.term_df.entry((ns.to_string(), r.get(0))).or_default() -= 1;
+        }
         Ok(())
     }
 
@@ -255,6 +297,7 @@ impl<'c> Tx<'c> {
 
     /// Removes an item's index entry; true when it had a vector.
     fn drop_item(&mut self, ns: &Namespace, target: Target, id: &str) -> Result<bool> {
+        self.delete_postings(ns, target, id)?;
         let row = self
             .fetch_opt(
                 "DELETE FROM lm_items WHERE ns = $1 AND target = $2 AND id = $3 \
@@ -731,9 +774,12 @@ impl<'c> Tx<'c> {
         receipt.nodes_removed = del(&mut self.tx, "lm_nodes")?;
         receipt.state_entries = del(&mut self.tx, "lm_state")?;
         receipt.usage_entries = del(&mut self.tx, "lm_usage")?;
-        // Last, as at commit: appends lock their session row before the statistics row.
+        // Last, in commit's order: appends lock their session row before the statistics row,
+        // and that row before the document frequencies.
         del(&mut self.tx, "lm_text_stats")?;
+        del(&mut self.tx, "lm_term_df")?;
         self.text_stats.remove(n);
+        self.term_df.retain(|(ns, _), _| ns != n);
         Ok(receipt)
     }
 

@@ -239,3 +239,73 @@ fn control_characters_in_text_round_trip() {
         1
     );
 }
+
+/// A store made by schema version 1 (postings without length ids, no document-frequency table)
+/// is upgraded when opened: the same full-text hits and scores, and each term's document
+/// frequency counted into `lm_term_df`; later writes keep it exact.
+#[test]
+fn a_version_1_store_is_upgraded_with_the_same_full_text_scores() {
+    let config = fresh_schema("v1");
+    let a = ns("a");
+    let texts = [
+        "the red fox jumps over the lazy dog",
+        "a red car and a red bike",
+        "the dog sleeps",
+        "foxes and dogs are not the same",
+    ];
+    let search = |store: &PgStore| {
+        store
+            .text_search(&a, Target::Turn, "red dog fox", 10, None)
+            .unwrap()
+            .into_iter()
+            .map(|h| (format!("{:?}", h.item), h.score))
+            .collect::<Vec<_>>()
+    };
+    let before = {
+        let store = PgStore::open(&config, StoreOptions::new(DIMS)).unwrap();
+        let turns = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (turn("s", i as u32, t), Some(vector(i as u64))))
+            .collect();
+        store.add_turns(&a, turns).unwrap();
+        search(&store)
+    };
+    assert_eq!(before.len(), 4);
+    let mut client = postgres::Client::connect(&config.url, postgres::NoTls).unwrap();
+    let schema = &config.schema;
+    client
+        .batch_execute(&format!(
+            "SET search_path = \"{schema}\";
+             DROP TABLE lm_term_df;
+             ALTER TABLE lm_postings DROP CONSTRAINT lm_postings_pkey;
+             ALTER TABLE lm_postings DROP COLUMN norm_id;
+             ALTER TABLE lm_postings ADD PRIMARY KEY (ns, term, target, id);
+             UPDATE lm_meta SET value = '1' WHERE key = 'schema_version';"
+        ))
+        .unwrap();
+    let store = PgStore::open(&config, StoreOptions::new(DIMS)).unwrap();
+    assert_eq!(search(&store), before);
+    let df = |client: &mut postgres::Client, term: &str| -> i64 {
+        client
+            .query_opt(
+                &format!("SELECT df FROM \"{schema}\".lm_term_df WHERE ns = 'a' AND term = $1"),
+                &[&term],
+            )
+            .unwrap()
+            .map_or(0, |r| r.get(0))
+    };
+    assert_eq!(df(&mut client, "red"), 2, "two documents hold 'red'");
+    assert_eq!(df(&mut client, "the"), 3);
+    store
+        .add_turns(&a, vec![(turn("s", 4, "the red moon"), Some(vector(9)))])
+        .unwrap();
+    assert_eq!(df(&mut client, "red"), 3);
+    assert_eq!(df(&mut client, "the"), 4);
+    store.delete_namespace(&a).unwrap();
+    assert_eq!(
+        df(&mut client, "the"),
+        0,
+        "a deleted namespace's terms are gone"
+    );
+}

@@ -143,6 +143,9 @@ pub struct Prediction {
     pub retrieval_ms: f64,
     pub answer_ms: f64,
     pub plan_fallback: Option<String>,
+    /// The plan's question type (variants that plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question_type: Option<String>,
     /// e.g. full_context's truncation.
     pub note: Option<String>,
     /// Memory variants: gold-evidence recall and evidence tokens after each retrieval stage

@@ -11,14 +11,23 @@ pub(super) struct CachedPlan {
     pub(super) usage: Option<TokenUsage>,
 }
 
-/// The cache key of a question's plan: (planner model, planner limits, question, date).
+/// The cache key of a question's plan: planner model, limits, revision, instructions, schema
+/// and type cross-check, question and date (a changed planner makes new plans; the plan logs of
+/// runs before planner revision 2 keyed only model, limits, question and date).
 pub(super) fn plan_key(q: &Question, v: &Variant, comps: &Components) -> String {
+    use lycheemem_retrieve::planner;
     let r = &v.config.retrieval;
     let key_src = serde_json::json!({
         "llm": comps.plan_llm.model_id(),
         "question": q.question,
         "date": q.date,
         "limits": [r.planner_context_chars, r.max_queries, r.max_routes, r.max_queries_per_route, r.max_constraints],
+        "planner": {
+            "revision": planner::PLANNER_REVISION,
+            "instructions": planner::PLANNER_INSTRUCTIONS,
+            "schema": planner::plan_schema(r),
+            "type_cues": r.question_type_cues,
+        },
     });
     hex::encode(Sha256::digest(key_src.to_string().as_bytes()))
 }

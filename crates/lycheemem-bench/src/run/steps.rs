@@ -574,6 +574,7 @@ pub(super) fn search_memory(
         p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
         p.llm_calls += u32::from(c.usage.is_some());
         p.plan_fallback.clone_from(&c.fallback);
+        p.question_type = Some(c.plan.question_type.as_str().to_string());
     } else {
         p.plan_fallback = Some("planner disabled".into());
     }
@@ -628,6 +629,7 @@ pub(super) fn base_prediction(
         retrieval_ms,
         answer_ms: 0.0,
         plan_fallback: None,
+        question_type: None,
         note: None,
         stages: Vec::new(),
     }
