@@ -18,7 +18,8 @@
 //! Full text: documents are analysed in Rust with the same analyzer as the embedded backend
 //! ([`lycheemem_store::text`]) and scored with the same BM25 arithmetic; statistics (document
 //! count, total length, document frequencies) are over the live documents of the namespace,
-//! kept exactly in `lm_text_stats` and the postings table. Vector search is exact for a
+//! kept exactly in `lm_text_stats` and `lm_term_df`; postings carry their document's length id,
+//! so a query is scored from the postings' index alone. Vector search is exact for a
 //! namespace (or filter) of at most `exact_search_below` vectors and goes through the HNSW
 //! index (iterative scans, strict order) above, with the exact fallback when a filtered
 //! search comes back short.
@@ -245,7 +246,7 @@ impl PgStore {
             tx.commit().map_err(pg_err)?;
             took.push((target, t.elapsed().as_secs_f64()));
         }
-        conn.batch_execute("ANALYZE lm_items, lm_postings")
+        conn.batch_execute("ANALYZE lm_items, lm_postings, lm_term_df")
             .map_err(pg_err)?;
         Ok(took)
     }

@@ -243,22 +243,82 @@ impl StoreSearch for PgStore {
             // `$6` stays bound (one parameter list for both forms); this is always true.
             " AND $6::text IS NOT NULL"
         };
-        let rows = tx
-            .query(
+        // Top (k + margin) documents by BM25, among those holding at least one `essential`
+        // term (all terms: no restriction).
+        let top = |tx: &mut postgres::Transaction<'_>,
+                   essential: &[String]|
+         -> Result<Vec<postgres::Row>> {
+            let restrict = if essential.len() < terms.len() {
+                format!(
+                    " AND p.id IN (SELECT e.id FROM lm_postings e WHERE e.ns = $1 \
+                       AND e.target = '{t}' AND e.term = ANY($8::text[]))"
+                )
+            } else {
+                " AND $8::text[] IS NOT NULL".to_string()
+            };
+            tx.query(
                 &format!(
                     "SELECT p.id, min(p.norm_id), array_agg(p.term), array_agg(p.tf), \
                        sum(w.weight * p.tf / (p.tf + {k1} * (1 - {b} + {b} * \
                            ($4::int[])[p.norm_id + 1] / $5::float8))) AS s \
                      FROM lm_postings p \
                      JOIN unnest($2::text[], $3::float8[]) AS w(term, weight) ON p.term = w.term \
-                     WHERE p.ns = $1 AND p.target = '{t}'{session_cond} \
+                     WHERE p.ns = $1 AND p.target = '{t}'{session_cond}{restrict} \
                      GROUP BY p.id ORDER BY s DESC, p.id LIMIT $7",
                     k1 = text::BM25_K1,
                     b = text::BM25_B,
                 ),
-                &[&n, &terms, &weights_sql, &norms, &avg, &session_s, &limit],
+                &[
+                    &n,
+                    &terms,
+                    &weights_sql,
+                    &norms,
+                    &avg,
+                    &session_s,
+                    &limit,
+                    &essential,
+                ],
             )
-            .map_err(pg_err)?;
+            .map_err(pg_err)
+        };
+        // Pruning (exact, after MaxScore): a term adds less than its weight to any document.
+        // Score the documents holding the rarest term(s) first, adding the next rarest until
+        // they fill the list; then its last score θ bounds the answer from below, and a
+        // document holding only terms whose weights sum below θ cannot enter it. If every
+        // term that can lift a document to θ (the essential ones) was among those scored, the
+        // list is the answer; else score again among the documents holding an essential term.
+        // Common words no longer make a query read their whole posting lists.
+        let mut by_weight: Vec<usize> = (0..terms.len()).collect();
+        by_weight.sort_by(|&a, &b| weights_sql[b].total_cmp(&weights_sql[a]));
+        let full = usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut rows = Vec::new();
+        for m in 1..=terms.len() {
+            let tried: Vec<String> = by_weight[..m].iter().map(|&i| terms[i].clone()).collect();
+            rows = top(&mut tx, &tried)?;
+            if m == terms.len() {
+                break;
+            }
+            let Some(theta) = rows.last().map(|r| r.get::<_, f64>(4)) else {
+                continue;
+            };
+            if rows.len() < full {
+                continue;
+            }
+            // The lightest terms whose weights sum below θ (with room for rounding).
+            let mut bound = 0.0f64;
+            let mut essential: Vec<String> = Vec::new();
+            for &i in by_weight.iter().rev() {
+                if essential.is_empty() && bound + weights_sql[i] < theta * (1.0 - 1e-9) {
+                    bound += weights_sql[i];
+                } else {
+                    essential.push(terms[i].clone());
+                }
+            }
+            if essential.iter().any(|e| !tried.contains(e)) {
+                rows = top(&mut tx, &essential)?;
+            }
+            break;
+        }
         tx.commit().map_err(pg_err)?;
         let position: HashMap<&str, usize> = terms
             .iter()

@@ -241,3 +241,86 @@ fn both_backends_store_list_export_and_search_alike() {
         assert_same_hits(&format!("within {kind:?}"), &r, &p);
     }
 }
+
+/// Full text over enough documents for the PostgreSQL backend's pruning to act (a query's
+/// rarest terms fill the list, common words are not read in full): the same hits and scores as
+/// the embedded backend, for queries mixing common and rare words, with and without a session
+/// filter.
+#[test]
+fn full_text_agrees_where_common_words_are_pruned() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let redb: Box<dyn MemoryStore> =
+        Box::new(lycheemem_store::Store::open(d1.path(), StoreOptions::new(DIMS)).unwrap());
+    let pg = postgres(d2.path());
+    let a = ns("alice");
+    // Word i of a 200-word vocabulary is drawn with weight 1 / (i + 1): a few very common
+    // words, many rare ones.
+    let vocab: Vec<String> = (0..200).map(|i| format!("w{i}")).collect();
+    let weights: Vec<f64> = (0..200).map(|i| 1.0 / (i as f64 + 1.0)).collect();
+    let total: f64 = weights.iter().sum();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let word = |next: &mut dyn FnMut() -> f64| {
+        let mut r = next() * total;
+        for (i, w) in weights.iter().enumerate() {
+            r -= w;
+            if r <= 0.0 {
+                return vocab[i].clone();
+            }
+        }
+        vocab[199].clone()
+    };
+    for s in ["s1", "s2"] {
+        for store in [&*redb, &*pg] {
+            store
+                .put_session(&a, SessionInfo::new(sid(s), None))
+                .unwrap();
+        }
+        let texts: Vec<String> = (0..200)
+            .map(|_| {
+                let n = 3 + (next() * 12.0) as usize;
+                (0..n)
+                    .map(|_| word(&mut next))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        for store in [&*redb, &*pg] {
+            let turns = texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (turn(s, i as u32, t), None))
+                .collect();
+            store.add_turns(&a, turns).unwrap();
+        }
+    }
+    let mut compared = 0;
+    for q in 0..40u64 {
+        // One or two common words with one or two rarer ones.
+        let query = [
+            vocab[(q % 3) as usize].clone(),
+            vocab[(q * 7 % 40 + 5) as usize].clone(),
+            vocab[(q * 13 % 150 + 40) as usize].clone(),
+            vocab[(q % 2) as usize + 3].clone(),
+        ][..2 + (q % 3) as usize]
+            .join(" ");
+        for k in [1, 5, 10] {
+            for session in [None, Some(sid("s2"))] {
+                let r = redb
+                    .text_search(&a, Target::Turn, &query, k, session.as_ref())
+                    .unwrap();
+                let p = pg
+                    .text_search(&a, Target::Turn, &query, k, session.as_ref())
+                    .unwrap();
+                assert_same_hits(&format!("{query:?} k={k} {session:?}"), &r, &p);
+                compared += usize::from(r.len() == k);
+            }
+        }
+    }
+    assert!(compared >= 200, "only {compared} full result lists");
+}
