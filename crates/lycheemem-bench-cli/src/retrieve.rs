@@ -37,7 +37,9 @@ pub struct BenchRetrieveArgs {
     #[arg(long)]
     store_dir: Option<std::path::PathBuf>,
     /// Also measure the same memories in PostgreSQL, in this database (schema
-    /// `bench_retrieve_<size>`, reused when it holds the memory of that size), side by side.
+    /// `bench_retrieve_<size>`, reused when it holds the memory of that size), side by side;
+    /// with `--store-dir`, copied from the embedded store (one import) rather than written
+    /// segment by segment.
     #[arg(long, value_name = "URL")]
     postgres: Option<String>,
 }
@@ -108,12 +110,48 @@ fn measure_size(
                 if exists {
                     store.delete_namespace(&ns)?;
                 }
-                // Loaded without the HNSW indexes, which are built once afterwards (the bulk
-                // path of `lycheemem migrate --rebuild-vector-index`): the searches measured
-                // are the same, the load much faster than graph inserts row by row.
-                store.drop_vector_indexes()?;
-                fill_store(&store, n, dims, args.seed)?;
-                let built = store.build_vector_indexes(4096)?;
+                // The same memory as the embedded store's: copied from it when `--store-dir`
+                // holds it (`lycheemem migrate`, one import), else written segment by segment.
+                // Either way loaded without the HNSW indexes, which are built once afterwards
+                // (the bulk path of `lycheemem migrate --rebuild-vector-index`): the searches
+                // measured are the same, the load much faster than graph inserts row by row.
+                let embedded = args
+                    .store_dir
+                    .as_ref()
+                    .map(|d| d.join(n.to_string()))
+                    .filter(|d| d.join("store.redb").exists());
+                let built = match embedded {
+                    Some(src) => {
+                        let mut config = lycheemem_core::config::Config::default();
+                        config.store.postgres_schema = format!("bench_retrieve_{n}");
+                        let t = Instant::now();
+                        let report = lycheemem::migrate_namespace(
+                            &src,
+                            Path::new(url),
+                            &ns,
+                            &config,
+                            &lycheemem::MigrateOptions {
+                                rebuild_vector_indexes: Some(4096),
+                                ..Default::default()
+                            },
+                        )?;
+                        eprintln!(
+                            "[{n}] PostgreSQL: copied from {} in {:.0?}",
+                            src.display(),
+                            t.elapsed()
+                        );
+                        report.index_build_seconds
+                    }
+                    None => {
+                        store.drop_vector_indexes()?;
+                        fill_store(&store, n, dims, args.seed)?;
+                        store
+                            .build_vector_indexes(4096)?
+                            .into_iter()
+                            .map(|(t, s)| (t.as_str().to_string(), s))
+                            .collect()
+                    }
+                };
                 eprintln!(
                     "[{n}] PostgreSQL: HNSW indexes built in {:.1}s",
                     built.iter().map(|(_, s)| s).sum::<f64>()

@@ -243,31 +243,41 @@ impl StoreSearch for PgStore {
             // `$6` stays bound (one parameter list for both forms); this is always true.
             " AND $6::text IS NOT NULL"
         };
+        let score_sql = format!(
+            "sum(w.weight * p.tf / (p.tf + {k1} * (1 - {b} + {b} * \
+               ($4::int[])[p.norm_id + 1] / $5::float8))) AS s",
+            k1 = text::BM25_K1,
+            b = text::BM25_B,
+        );
         // Top (k + margin) documents by BM25, among those holding at least one `essential`
-        // term (all terms: no restriction).
+        // term (all terms: no restriction). Restricted, the candidates are collected first and
+        // each is scored by primary-key lookups of its postings.
         let top = |tx: &mut postgres::Transaction<'_>,
                    essential: &[String]|
          -> Result<Vec<postgres::Row>> {
-            let restrict = if essential.len() < terms.len() {
+            let sql = if essential.len() < terms.len() {
                 format!(
-                    " AND p.id IN (SELECT e.id FROM lm_postings e WHERE e.ns = $1 \
-                       AND e.target = '{t}' AND e.term = ANY($8::text[]))"
+                    "WITH c AS MATERIALIZED (SELECT DISTINCT p.id FROM lm_postings p \
+                       WHERE p.ns = $1 AND p.target = '{t}' AND p.term = ANY($8::text[])\
+                       {session_cond}) \
+                     SELECT c.id, min(p.norm_id), array_agg(p.term), array_agg(p.tf), {score_sql} \
+                     FROM c CROSS JOIN unnest($2::text[], $3::float8[]) AS w(term, weight) \
+                     JOIN lm_postings p ON p.ns = $1 AND p.term = w.term \
+                       AND p.target = '{t}' AND p.id = c.id \
+                     GROUP BY c.id ORDER BY s DESC, c.id LIMIT $7"
                 )
             } else {
-                " AND $8::text[] IS NOT NULL".to_string()
-            };
-            tx.query(
-                &format!(
-                    "SELECT p.id, min(p.norm_id), array_agg(p.term), array_agg(p.tf), \
-                       sum(w.weight * p.tf / (p.tf + {k1} * (1 - {b} + {b} * \
-                           ($4::int[])[p.norm_id + 1] / $5::float8))) AS s \
+                format!(
+                    "SELECT p.id, min(p.norm_id), array_agg(p.term), array_agg(p.tf), {score_sql} \
                      FROM lm_postings p \
                      JOIN unnest($2::text[], $3::float8[]) AS w(term, weight) ON p.term = w.term \
-                     WHERE p.ns = $1 AND p.target = '{t}'{session_cond}{restrict} \
-                     GROUP BY p.id ORDER BY s DESC, p.id LIMIT $7",
-                    k1 = text::BM25_K1,
-                    b = text::BM25_B,
-                ),
+                     WHERE p.ns = $1 AND p.target = '{t}'{session_cond} \
+                       AND $8::text[] IS NOT NULL \
+                     GROUP BY p.id ORDER BY s DESC, p.id LIMIT $7"
+                )
+            };
+            tx.query(
+                &sql,
                 &[
                     &n,
                     &terms,
@@ -282,43 +292,65 @@ impl StoreSearch for PgStore {
             .map_err(pg_err)
         };
         // Pruning (exact, after MaxScore): a term adds less than its weight to any document.
-        // Score the documents holding the rarest term(s) first, adding the next rarest until
-        // they fill the list; then its last score θ bounds the answer from below, and a
-        // document holding only terms whose weights sum below θ cannot enter it. If every
-        // term that can lift a document to θ (the essential ones) was among those scored, the
-        // list is the answer; else score again among the documents holding an essential term.
-        // Common words no longer make a query read their whole posting lists.
+        // Score the documents holding the rarest terms first (enough of them to fill the
+        // list); its last score θ bounds the answer from below, and a document holding only
+        // terms whose weights sum below θ cannot enter it. If every term that can lift a
+        // document to θ (the essential ones) was among those scored, the list is the answer;
+        // else score again among the documents holding an essential term. A restricted query
+        // costs about `PROBE_COST` posting reads per candidate and query term, so it runs only
+        // when that is less than reading every query term's posting list; otherwise (and when
+        // the rare terms' documents do not fill the list) the whole lists are scored.
+        const PROBE_COST: f64 = 4.0;
+        let full = usize::try_from(limit).unwrap_or(usize::MAX);
         let mut by_weight: Vec<usize> = (0..terms.len()).collect();
         by_weight.sort_by(|&a, &b| weights_sql[b].total_cmp(&weights_sql[a]));
-        let full = usize::try_from(limit).unwrap_or(usize::MAX);
-        let mut rows = Vec::new();
-        for m in 1..=terms.len() {
-            let tried: Vec<String> = by_weight[..m].iter().map(|&i| terms[i].clone()).collect();
-            rows = top(&mut tx, &tried)?;
-            if m == terms.len() {
-                break;
-            }
-            let Some(theta) = rows.last().map(|r| r.get::<_, f64>(4)) else {
-                continue;
-            };
-            if rows.len() < full {
-                continue;
-            }
-            // The lightest terms whose weights sum below θ (with room for rounding).
-            let mut bound = 0.0f64;
-            let mut essential: Vec<String> = Vec::new();
-            for &i in by_weight.iter().rev() {
-                if essential.is_empty() && bound + weights_sql[i] < theta * (1.0 - 1e-9) {
+        let df_of = |i: usize| df.get(&terms[i]).copied().unwrap_or(0).max(0) as f64;
+        let all_postings: f64 = (0..terms.len()).map(df_of).sum();
+        let worth_restricting = |set: &[usize]| {
+            set.len() < terms.len()
+                && set.iter().map(|&i| df_of(i)).sum::<f64>() * terms.len() as f64 * PROBE_COST
+                    < all_postings
+        };
+        let mut tried = 0;
+        while tried < by_weight.len()
+            && (by_weight[..tried].iter().map(|&i| df_of(i)).sum::<f64>() as usize) < full
+        {
+            tried += 1;
+        }
+        let mut rows = None;
+        if worth_restricting(&by_weight[..tried]) {
+            let first_terms: Vec<String> = by_weight[..tried]
+                .iter()
+                .map(|&i| terms[i].clone())
+                .collect();
+            let first = top(&mut tx, &first_terms)?;
+            if first.len() >= full
+                && let Some(theta) = first.last().map(|r| r.get::<_, f64>(4))
+            {
+                // The lightest terms whose weights sum below θ (with room for rounding) are
+                // not essential; the rest are, the heaviest first.
+                let mut bound = 0.0f64;
+                let mut light = 0;
+                for &i in by_weight.iter().rev() {
+                    if bound + weights_sql[i] >= theta * (1.0 - 1e-9) {
+                        break;
+                    }
                     bound += weights_sql[i];
-                } else {
-                    essential.push(terms[i].clone());
+                    light += 1;
+                }
+                let essential = &by_weight[..by_weight.len() - light];
+                if essential.len() <= tried {
+                    rows = Some(first);
+                } else if worth_restricting(essential) {
+                    let names: Vec<String> = essential.iter().map(|&i| terms[i].clone()).collect();
+                    rows = Some(top(&mut tx, &names)?);
                 }
             }
-            if essential.iter().any(|e| !tried.contains(e)) {
-                rows = top(&mut tx, &essential)?;
-            }
-            break;
         }
+        let rows = match rows {
+            Some(rows) => rows,
+            None => top(&mut tx, &terms)?,
+        };
         tx.commit().map_err(pg_err)?;
         let position: HashMap<&str, usize> = terms
             .iter()
