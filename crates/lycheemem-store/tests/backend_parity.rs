@@ -324,3 +324,53 @@ fn full_text_agrees_where_common_words_are_pruned() {
     }
     assert!(compared >= 250, "only {compared} full result lists");
 }
+
+/// Full text where PostgreSQL's pruning takes each branch (docs/algorithm.md, "Full-text
+/// scoring"): "rare common" is answered by the documents of its rarest term alone; for "rare mid
+/// common" a term outside the first candidates ("mid", in short documents that outscore the long
+/// "rare" ones) is essential, so a second, wider restricted query must find the answer. Both
+/// agree with the embedded backend.
+#[test]
+fn full_text_pruning_keeps_documents_outside_the_rarest_terms() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let redb: Box<dyn MemoryStore> =
+        Box::new(lycheemem_store::Store::open(d1.path(), StoreOptions::new(DIMS)).unwrap());
+    let pg = postgres(d2.path());
+    let a = ns("alice");
+    let mut texts: Vec<String> = (0..3000)
+        .map(|i| format!("common filler{} other{}", i % 50, i % 7))
+        .collect();
+    texts.extend((0..40).map(|i| {
+        format!(
+            "rare common {}",
+            (0..20)
+                .map(|j| format!("pad{}", (i + j) % 30))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    }));
+    texts.extend((0..100).map(|_| "mid mid mid common".to_string()));
+    for store in [&*redb, &*pg] {
+        store
+            .put_session(&a, SessionInfo::new(sid("s1"), None))
+            .unwrap();
+        let turns = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (turn("s1", i as u32, t), None))
+            .collect();
+        store.add_turns(&a, turns).unwrap();
+    }
+    for (query, top_word) in [("rare common", "rare"), ("rare mid common", "mid")] {
+        let r = redb.text_search(&a, Target::Turn, query, 10, None).unwrap();
+        let p = pg.text_search(&a, Target::Turn, query, 10, None).unwrap();
+        assert_eq!(r.len(), 10, "{query}");
+        assert_same_hits(query, &r, &p);
+        // The expected winners: the first hit's text holds the query's best word.
+        let lycheemem_store::ItemRef::Turn(first) = &r[0].item else {
+            panic!("{query}: not a turn: {:?}", r[0].item)
+        };
+        let first = &texts[first.index as usize];
+        assert!(first.contains(top_word), "{query}: {first}");
+    }
+}
