@@ -705,18 +705,24 @@ pub fn write_reports(out: &Path, meta: &RunMeta) -> Result<String> {
     Ok(md)
 }
 
+/// The variants with a prediction that `keep` accepts, in report order.
+fn variants_where(preds: &[Prediction], keep: impl Fn(&Prediction) -> bool) -> Vec<&str> {
+    let mut variants: Vec<&str> = preds
+        .iter()
+        .filter(|p| keep(p))
+        .map(|p| p.variant.as_str())
+        .collect();
+    variants.sort_by_key(|v| (rank(v), v.to_string()));
+    variants.dedup();
+    variants
+}
+
 /// The stage accounting of memory variants: per variant, each retrieval stage's mean item
 /// count, mean tokens and gold-evidence recall, overall and per category (empty when no
 /// prediction carries stages).
 pub fn waterfall_markdown(preds: &[Prediction]) -> String {
     let mut out = String::new();
-    let mut variants: Vec<&str> = preds
-        .iter()
-        .filter(|p| !p.stages.is_empty())
-        .map(|p| p.variant.as_str())
-        .collect();
-    variants.sort_by_key(|v| (rank(v), v.to_string()));
-    variants.dedup();
+    let variants = variants_where(preds, |p| !p.stages.is_empty());
     if variants.is_empty() {
         return out;
     }
@@ -790,13 +796,7 @@ candidates with source windows; `pool`: what selection chose from; `final`: the 
 /// whether the types reflect the questions; empty when no prediction carries a type).
 pub fn question_types_markdown(preds: &[Prediction]) -> String {
     let mut out = String::new();
-    let mut variants: Vec<&str> = preds
-        .iter()
-        .filter(|p| p.question_type.is_some())
-        .map(|p| p.variant.as_str())
-        .collect();
-    variants.sort_by_key(|v| (rank(v), v.to_string()));
-    variants.dedup();
+    let variants = variants_where(preds, |p| p.question_type.is_some());
     if variants.is_empty() {
         return out;
     }

@@ -232,64 +232,59 @@ impl StoreSearch for PgStore {
         let limit = i64::try_from(k)
             .unwrap_or(i64::MAX)
             .saturating_add(TIE_MARGIN);
-        let session_s = session.map(|s| s.to_string()).unwrap_or_default();
+        let session_s = session.map(|s| s.to_string());
         let t = target.as_str();
-        // Scored from the postings alone (their primary key includes tf and the length id); a
-        // session filter looks the item up.
-        let session_cond = if session.is_some() {
-            " AND EXISTS (SELECT 1 FROM lm_items i WHERE i.ns = p.ns AND i.target = p.target \
-               AND i.id = p.id AND $6::text = ANY(i.sessions))"
-        } else {
-            // `$6` stays bound (one parameter list for both forms); this is always true.
-            " AND $6::text IS NOT NULL"
-        };
         let score_sql = format!(
             "sum(w.weight * p.tf / (p.tf + {k1} * (1 - {b} + {b} * \
                ($4::int[])[p.norm_id + 1] / $5::float8))) AS s",
             k1 = text::BM25_K1,
             b = text::BM25_B,
         );
-        // Top (k + margin) documents by BM25, among those holding at least one `essential`
-        // term (all terms: no restriction). Restricted, the candidates are collected first and
-        // each is scored by primary-key lookups of its postings.
+        // Top (k + margin) documents by BM25 among those holding at least one of the terms
+        // `essential` (indices into `terms`; all of them: no restriction), scored from the
+        // postings alone (their primary key includes tf and the length id). Restricted, the
+        // candidates are collected first and each is scored by primary-key lookups of its
+        // postings. A session filter looks the item up.
         let top = |tx: &mut postgres::Transaction<'_>,
-                   essential: &[String]|
+                   essential: &[usize]|
          -> Result<Vec<postgres::Row>> {
+            let names: Vec<&str> = essential.iter().map(|&i| terms[i].as_str()).collect();
+            let mut params: Vec<&(dyn ToSql + Sync)> =
+                vec![&n, &terms, &weights_sql, &norms, &avg, &limit];
+            let mut filter = String::new();
+            if let Some(s) = &session_s {
+                params.push(s);
+                // A correlated scalar subquery: always a primary-key lookup per posting, where
+                // an EXISTS may be planned as a join that scans `lm_items` per row when the
+                // tables have no statistics yet (a fresh store: ~200 ms at 1,000 items).
+                filter = format!(
+                    " AND (SELECT ${}::text = ANY(i.sessions) FROM lm_items i WHERE i.ns = p.ns \
+                       AND i.target = p.target AND i.id = p.id)",
+                    params.len()
+                );
+            }
             let sql = if essential.len() < terms.len() {
+                params.push(&names);
                 format!(
                     "WITH c AS MATERIALIZED (SELECT DISTINCT p.id FROM lm_postings p \
-                       WHERE p.ns = $1 AND p.target = '{t}' AND p.term = ANY($8::text[])\
-                       {session_cond}) \
+                       WHERE p.ns = $1 AND p.target = '{t}' AND p.term = ANY(${}::text[]){filter}) \
                      SELECT c.id, min(p.norm_id), array_agg(p.term), array_agg(p.tf), {score_sql} \
                      FROM c CROSS JOIN unnest($2::text[], $3::float8[]) AS w(term, weight) \
                      JOIN lm_postings p ON p.ns = $1 AND p.term = w.term \
                        AND p.target = '{t}' AND p.id = c.id \
-                     GROUP BY c.id ORDER BY s DESC, c.id LIMIT $7"
+                     GROUP BY c.id ORDER BY s DESC, c.id LIMIT $6",
+                    params.len()
                 )
             } else {
                 format!(
                     "SELECT p.id, min(p.norm_id), array_agg(p.term), array_agg(p.tf), {score_sql} \
                      FROM lm_postings p \
                      JOIN unnest($2::text[], $3::float8[]) AS w(term, weight) ON p.term = w.term \
-                     WHERE p.ns = $1 AND p.target = '{t}'{session_cond} \
-                       AND $8::text[] IS NOT NULL \
-                     GROUP BY p.id ORDER BY s DESC, p.id LIMIT $7"
+                     WHERE p.ns = $1 AND p.target = '{t}'{filter} \
+                     GROUP BY p.id ORDER BY s DESC, p.id LIMIT $6"
                 )
             };
-            tx.query(
-                &sql,
-                &[
-                    &n,
-                    &terms,
-                    &weights_sql,
-                    &norms,
-                    &avg,
-                    &session_s,
-                    &limit,
-                    &essential,
-                ],
-            )
-            .map_err(pg_err)
+            tx.query(&sql, &params).map_err(pg_err)
         };
         // Pruning (exact, after MaxScore): a term adds less than its weight to any document.
         // Score the documents holding the rarest terms first (enough of them to fill the
@@ -302,28 +297,26 @@ impl StoreSearch for PgStore {
         // the rare terms' documents do not fill the list) the whole lists are scored.
         const PROBE_COST: f64 = 4.0;
         let full = usize::try_from(limit).unwrap_or(usize::MAX);
+        // Term indices, heaviest (rarest) first.
         let mut by_weight: Vec<usize> = (0..terms.len()).collect();
         by_weight.sort_by(|&a, &b| weights_sql[b].total_cmp(&weights_sql[a]));
         let df_of = |i: usize| df.get(&terms[i]).copied().unwrap_or(0).max(0) as f64;
-        let all_postings: f64 = (0..terms.len()).map(df_of).sum();
+        let postings_of = |set: &[usize]| set.iter().map(|&i| df_of(i)).sum::<f64>();
+        let all_postings = postings_of(&by_weight);
         let worth_restricting = |set: &[usize]| {
             set.len() < terms.len()
-                && set.iter().map(|&i| df_of(i)).sum::<f64>() * terms.len() as f64 * PROBE_COST
-                    < all_postings
+                && postings_of(set) * terms.len() as f64 * PROBE_COST < all_postings
         };
+        // The rarest terms whose documents can fill the list.
         let mut tried = 0;
-        while tried < by_weight.len()
-            && (by_weight[..tried].iter().map(|&i| df_of(i)).sum::<f64>() as usize) < full
-        {
+        let mut reach = 0.0;
+        while tried < by_weight.len() && reach < full as f64 {
+            reach += df_of(by_weight[tried]);
             tried += 1;
         }
         let mut rows = None;
         if worth_restricting(&by_weight[..tried]) {
-            let first_terms: Vec<String> = by_weight[..tried]
-                .iter()
-                .map(|&i| terms[i].clone())
-                .collect();
-            let first = top(&mut tx, &first_terms)?;
+            let first = top(&mut tx, &by_weight[..tried])?;
             if first.len() >= full
                 && let Some(theta) = first.last().map(|r| r.get::<_, f64>(4))
             {
@@ -342,14 +335,13 @@ impl StoreSearch for PgStore {
                 if essential.len() <= tried {
                     rows = Some(first);
                 } else if worth_restricting(essential) {
-                    let names: Vec<String> = essential.iter().map(|&i| terms[i].clone()).collect();
-                    rows = Some(top(&mut tx, &names)?);
+                    rows = Some(top(&mut tx, essential)?);
                 }
             }
         }
         let rows = match rows {
             Some(rows) => rows,
-            None => top(&mut tx, &terms)?,
+            None => top(&mut tx, &by_weight)?,
         };
         tx.commit().map_err(pg_err)?;
         let position: HashMap<&str, usize> = terms

@@ -10,6 +10,36 @@ use lycheemem_core::{NodeKind, Purpose, TokenUsage};
 use lycheemem_store::prelude::*;
 use lycheemem_store::{ExportOptions, Hit, SessionInfo, StoreOptions, Target, VectorQuery};
 
+/// An embedded store and a PostgreSQL one, each keyed to its own temporary folder (bind the
+/// folders first, so they are dropped after the stores).
+fn both_backends() -> (
+    (tempfile::TempDir, tempfile::TempDir),
+    Box<dyn MemoryStore>,
+    Box<dyn MemoryStore>,
+) {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let redb: Box<dyn MemoryStore> =
+        Box::new(lycheemem_store::Store::open(d1.path(), StoreOptions::new(DIMS)).unwrap());
+    let pg = postgres(d2.path());
+    ((d1, d2), redb, pg)
+}
+
+/// Writes `texts` as the turns of a new session `session` (no vectors) into each store.
+fn add_session_texts(stores: [&dyn MemoryStore; 2], session: &str, texts: &[String]) {
+    let a = ns("alice");
+    for store in stores {
+        store
+            .put_session(&a, SessionInfo::new(sid(session), None))
+            .unwrap();
+        let turns = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (turn(session, i as u32, t), None))
+            .collect();
+        store.add_turns(&a, turns).unwrap();
+    }
+}
+
 fn postgres(dir: &std::path::Path) -> Box<dyn MemoryStore> {
     let url = std::env::var("LYCHEEMEM_TEST_POSTGRES_URL").expect(
         "backend_parity needs LYCHEEMEM_TEST_POSTGRES_URL: a PostgreSQL database with pgvector \
@@ -149,10 +179,7 @@ fn assert_same_hits(what: &str, a: &[Hit], b: &[Hit]) {
 
 #[test]
 fn both_backends_store_list_export_and_search_alike() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let redb: Box<dyn MemoryStore> =
-        Box::new(lycheemem_store::Store::open(d1.path(), StoreOptions::new(DIMS)).unwrap());
-    let pg = postgres(d2.path());
+    let (_dirs, redb, pg) = both_backends();
     write_history(&*redb);
     write_history(&*pg);
     let a = ns("alice");
@@ -248,10 +275,7 @@ fn both_backends_store_list_export_and_search_alike() {
 /// filter.
 #[test]
 fn full_text_agrees_where_common_words_are_pruned() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let redb: Box<dyn MemoryStore> =
-        Box::new(lycheemem_store::Store::open(d1.path(), StoreOptions::new(DIMS)).unwrap());
-    let pg = postgres(d2.path());
+    let (_dirs, redb, pg) = both_backends();
     let a = ns("alice");
     // Word i of a 200-word vocabulary is drawn with weight 1 / (i + 1): a few very common
     // words, many rare ones.
@@ -276,11 +300,6 @@ fn full_text_agrees_where_common_words_are_pruned() {
         vocab[199].clone()
     };
     for s in ["s1", "s2"] {
-        for store in [&*redb, &*pg] {
-            store
-                .put_session(&a, SessionInfo::new(sid(s), None))
-                .unwrap();
-        }
         let texts: Vec<String> = (0..500)
             .map(|_| {
                 let n = 3 + (next() * 12.0) as usize;
@@ -290,14 +309,7 @@ fn full_text_agrees_where_common_words_are_pruned() {
                     .join(" ")
             })
             .collect();
-        for store in [&*redb, &*pg] {
-            let turns = texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (turn(s, i as u32, t), None))
-                .collect();
-            store.add_turns(&a, turns).unwrap();
-        }
+        add_session_texts([&*redb, &*pg], s, &texts);
     }
     let mut compared = 0;
     for q in 0..40u64 {
@@ -332,10 +344,7 @@ fn full_text_agrees_where_common_words_are_pruned() {
 /// agree with the embedded backend.
 #[test]
 fn full_text_pruning_keeps_documents_outside_the_rarest_terms() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let redb: Box<dyn MemoryStore> =
-        Box::new(lycheemem_store::Store::open(d1.path(), StoreOptions::new(DIMS)).unwrap());
-    let pg = postgres(d2.path());
+    let (_dirs, redb, pg) = both_backends();
     let a = ns("alice");
     let mut texts: Vec<String> = (0..3000)
         .map(|i| format!("common filler{} other{}", i % 50, i % 7))
@@ -350,17 +359,7 @@ fn full_text_pruning_keeps_documents_outside_the_rarest_terms() {
         )
     }));
     texts.extend((0..100).map(|_| "mid mid mid common".to_string()));
-    for store in [&*redb, &*pg] {
-        store
-            .put_session(&a, SessionInfo::new(sid("s1"), None))
-            .unwrap();
-        let turns = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (turn("s1", i as u32, t), None))
-            .collect();
-        store.add_turns(&a, turns).unwrap();
-    }
+    add_session_texts([&*redb, &*pg], "s1", &texts);
     for (query, top_word) in [("rare common", "rare"), ("rare mid common", "mid")] {
         let r = redb.text_search(&a, Target::Turn, query, 10, None).unwrap();
         let p = pg.text_search(&a, Target::Turn, query, 10, None).unwrap();
