@@ -19,3 +19,7 @@ bench-embed:
 # List / fetch / verify model weights.
 models *ARGS:
     cargo run --release -p lycheemem-cli -- models {{ARGS}}
+
+# `cargo check` of the binaries with the CUDA feature (CUDA compiler from PyPI; no GPU needed).
+cuda-check:
+    cargo xtask cuda-check

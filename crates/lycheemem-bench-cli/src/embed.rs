@@ -23,6 +23,9 @@ pub struct BenchEmbedArgs {
     /// Threads for both implementations.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Where candle runs (the reference runs on the CPU): cpu, auto, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: lycheemem_core::ComputeDevice,
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
     /// Timed repetitions; the best is reported.
@@ -59,6 +62,7 @@ pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
         EmbedderOptions {
             threads: args.threads,
             batch_size: args.batch_size,
+            device: args.device,
             ..Default::default()
         },
     )?;

@@ -31,6 +31,9 @@ pub struct BenchLlmArgs {
     decode_tokens: usize,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Where candle runs (llama.cpp runs on the CPU): cpu, auto, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: lycheemem_core::ComputeDevice,
     /// Timed repetitions; the best is reported.
     #[arg(long, default_value_t = 1)]
     repeats: usize,
@@ -82,6 +85,7 @@ pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
             &path,
             LocalOptions {
                 threads: args.threads,
+                device: args.device,
                 ..Default::default()
             },
         )?;
@@ -188,7 +192,7 @@ pub fn run(models_dir: &Path, args: BenchLlmArgs) -> Result<()> {
         .find(|m| m.starts_with("qwen"))
         .or(args.models.first())
     {
-        prefix_reuse(&store, name, &text, args.threads)?;
+        prefix_reuse(&store, name, &text, &args)?;
     }
     Ok(())
 }
@@ -233,12 +237,13 @@ fn reference(
 /// Encoder-shaped calls: the same instructions (system prompt) with different segments. The
 /// instructions are representative of a segment encoder's (~400 tokens); the segments are
 /// consecutive LoCoMo excerpts.
-fn prefix_reuse(store: &ModelStore, name: &str, text: &str, threads: usize) -> Result<()> {
+fn prefix_reuse(store: &ModelStore, name: &str, text: &str, args: &BenchLlmArgs) -> Result<()> {
     let path = store.resolve(name)?.join("model.gguf");
     let llm = LocalLlm::load(
         &path,
         LocalOptions {
-            threads,
+            threads: args.threads,
+            device: args.device,
             ..Default::default()
         },
     )?;

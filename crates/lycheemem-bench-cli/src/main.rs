@@ -2,6 +2,7 @@
 //! compares a lycheemem component with a reference measured in the same run, or runs the
 //! LoCoMo / LongMemEval harness of [`lycheemem_bench`].
 
+mod device_check;
 mod embed;
 mod encode;
 mod llm;
@@ -47,6 +48,9 @@ enum Command {
     Run(Box<run::BenchRunArgs>),
     /// Rewrite the reports of a results folder from its checkpoints.
     Report(run::BenchReportArgs),
+    /// GPU against CPU on one machine: parity and speed of the embedder, the cross-encoder
+    /// fixtures and the local LLMs (needs a build with `--features cuda`).
+    DeviceCheck(Box<device_check::DeviceCheckArgs>),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::Retrieve(args) => retrieve::run(&models_dir, args),
         Command::Run(args) => run::run(&models_dir, *args),
         Command::Report(args) => run::report(args),
+        Command::DeviceCheck(args) => device_check::run(&models_dir, *args),
     };
     lycheemem_cli::exit::exit_code(result)
 }

@@ -44,12 +44,16 @@ pub struct DemoArgs {
     /// Inference threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Where the models run: auto, cpu, cuda or cuda:N.
+    #[arg(long, env = "LYCHEEMEM_DEVICE", default_value = "auto")]
+    device: lycheemem_core::ComputeDevice,
 }
 
 pub fn run(models_dir: &Path, args: DemoArgs) -> Result<()> {
     let started = Instant::now();
     let mut cfg = Config::default();
     cfg.models.threads = args.threads;
+    cfg.models.device = args.device;
     if let Some(e) = &args.embedder {
         cfg.models.embedder = e.clone();
     }
@@ -63,7 +67,11 @@ pub fn run(models_dir: &Path, args: DemoArgs) -> Result<()> {
         cfg.models.embedder, cfg.models.encode_llm
     );
     let components = crate::settings::load_components(&cfg, models_dir)?;
-    println!("models ready in {:.1?}", started.elapsed());
+    println!(
+        "models ready in {:.1?} on {}",
+        started.elapsed(),
+        lycheemem::resolve_device(cfg.models.device)?
+    );
 
     let dir = args.store.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("lycheemem-demo-{}", std::process::id()))

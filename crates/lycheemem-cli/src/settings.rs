@@ -70,6 +70,10 @@ pub struct ModelArgs {
     /// Local LLMs: most concurrent calls decoded together (0 = default 8, 1 = one at a time).
     #[arg(long, env = "LYCHEEMEM_LLM_BATCH")]
     pub llm_batch: Option<usize>,
+    /// Where the embedder, reranker and local LLMs run: auto (a CUDA GPU when this binary has
+    /// CUDA support and one is present, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long, env = "LYCHEEMEM_DEVICE")]
+    pub device: Option<lycheemem_core::ComputeDevice>,
 }
 
 impl MemoryArgs {
@@ -121,6 +125,9 @@ impl ModelArgs {
         }
         if let Some(t) = self.threads {
             cfg.models.threads = t;
+        }
+        if let Some(d) = self.device {
+            cfg.models.device = d;
         }
         Ok(cfg)
     }

@@ -92,6 +92,40 @@ fn demo_with_a_missing_local_model_fails_cleanly() {
     assert!(stderr.contains("not a directory"), "{stderr}");
 }
 
+#[test]
+fn device_choices_are_checked_before_any_model_loads() {
+    let stderr = stderr_of(lycheemem().args(["demo", "--device", "tpu:0"]));
+    assert!(
+        stderr.contains("expected auto, cpu, cuda or cuda:N"),
+        "{stderr}"
+    );
+    let stderr = stderr_of(lycheemem().env("LYCHEEMEM_DEVICE", "cuda:x").args([
+        "search",
+        "--store",
+        "/nonexistent/store",
+        "anything",
+    ]));
+    assert!(
+        stderr.contains("the CUDA ordinal must be a number"),
+        "{stderr}"
+    );
+    // A build without the feature names the fix instead of failing somewhere in a kernel.
+    #[cfg(not(feature = "cuda"))]
+    {
+        let tmp = tempfile::tempdir().unwrap();
+        let stderr = stderr_of(
+            lycheemem()
+                .args(["demo", "--device", "cuda:1", "--store"])
+                .arg(tmp.path()),
+        );
+        assert!(
+            stderr.contains("device cuda:1: this binary was built without CUDA support")
+                && stderr.contains("--features cuda"),
+            "{stderr}"
+        );
+    }
+}
+
 /// A memory command against a store in `dir`, with every LLM purpose served by a fake
 /// OpenAI-compatible server (echo encoder, one-route plans, a fixed answer) and real MiniLM.
 fn memory_cmd(dir: &Path, url: &str) -> Command {

@@ -144,6 +144,85 @@ pub struct ModelsConfig {
     /// Local LLMs: most concurrent calls decoded together (continuous batching); 0 = the
     /// backend's default (8), 1 = one call at a time.
     pub llm_batch: usize,
+    /// Where the embedder, the reranker and local LLMs run: `auto` (the first CUDA GPU when
+    /// the binary was built with the `cuda` feature and one is present, else the CPU), `cpu`,
+    /// `cuda` or `cuda:N`.
+    pub device: ComputeDevice,
+    /// How local LLMs hold their weight matrices: `quantized` (as in the GGUF; least memory),
+    /// `f16` or `f32` (dequantized once at load: 3-8x the memory; dense matrix products).
+    pub llm_weights: LlmWeights,
+}
+
+/// How a local LLM holds its weight matrices (`models.llm_weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LlmWeights {
+    /// As stored in the GGUF file, multiplied by candle's quantized kernels.
+    #[default]
+    Quantized,
+    /// Dequantized to f16 at load time.
+    F16,
+    /// Dequantized to f32 at load time (the exact reference for the quantized kernels).
+    F32,
+}
+
+/// Where model inference runs (`models.device`, `--device`). Written `auto`, `cpu`, `cuda`
+/// (= `cuda:0`) or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ComputeDevice {
+    /// The first CUDA GPU if this binary has CUDA support and one answers, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    /// CUDA GPU by ordinal.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for ComputeDevice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim().to_ascii_lowercase();
+        let ordinal = |n: &str| {
+            n.parse::<usize>().map_err(|_| {
+                Error::Config(format!("device {s:?}: the CUDA ordinal must be a number"))
+            })
+        };
+        match t.as_str() {
+            "auto" => Ok(ComputeDevice::Auto),
+            "cpu" => Ok(ComputeDevice::Cpu),
+            "cuda" | "gpu" => Ok(ComputeDevice::Cuda(0)),
+            _ => match t.strip_prefix("cuda:") {
+                Some(n) => Ok(ComputeDevice::Cuda(ordinal(n)?)),
+                None => Err(Error::Config(format!(
+                    "device {s:?}: expected auto, cpu, cuda or cuda:N"
+                ))),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ComputeDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ComputeDevice::Auto => f.write_str("auto"),
+            ComputeDevice::Cpu => f.write_str("cpu"),
+            ComputeDevice::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl Serialize for ComputeDevice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ComputeDevice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl Default for ModelsConfig {
@@ -158,6 +237,8 @@ impl Default for ModelsConfig {
             threads: 0,
             embed_batch_size: 32,
             llm_batch: 0,
+            device: ComputeDevice::Auto,
+            llm_weights: LlmWeights::Quantized,
         }
     }
 }
@@ -787,6 +868,36 @@ mod tests {
         );
         assert!(!c.organize.memory_type_as_tag);
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn devices_parse_print_and_round_trip_through_toml() {
+        for (text, want) in [
+            ("auto", ComputeDevice::Auto),
+            ("CPU", ComputeDevice::Cpu),
+            ("cuda", ComputeDevice::Cuda(0)),
+            (" cuda:3 ", ComputeDevice::Cuda(3)),
+        ] {
+            assert_eq!(text.parse::<ComputeDevice>().unwrap(), want, "{text}");
+        }
+        for bad in ["", "cuda:", "cuda:-1", "cuda:x", "metal", "tpu:0"] {
+            let e = bad.parse::<ComputeDevice>().unwrap_err().to_string();
+            assert!(e.contains("device"), "{bad}: {e}");
+        }
+        assert_eq!(ComputeDevice::Cuda(2).to_string(), "cuda:2");
+        let mut c = Config::default();
+        assert_eq!(c.models.device, ComputeDevice::Auto);
+        c.models.device = ComputeDevice::Cuda(1);
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("device = \"cuda:1\""), "{text}");
+        let back: Config = toml::from_str(&text).unwrap();
+        assert_eq!(back.models.device, ComputeDevice::Cuda(1));
+        let err = toml::from_str::<Config>("[models]\ndevice = \"gpu:x\"\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("expected auto, cpu, cuda or cuda:N"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -3,14 +3,12 @@
 use candle_core::{D, DType, Device, IndexOp};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
-use lycheemem_core::{Error, Result};
+use lycheemem_core::{ComputeDevice, Error, Result};
 use serde::Deserialize;
 use std::path::Path;
 
 use crate::Embedder;
-use crate::runtime::{
-    DeviceChoice, batch_tensors, load_tokenizer, model_err, read_json, thread_pool,
-};
+use crate::runtime::{batch_tensors, load_tokenizer, model_err, read_json, thread_pool};
 
 /// How token vectors become one sentence vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +23,8 @@ pub enum Pooling {
 /// all cores.
 #[derive(Debug, Clone, Default)]
 pub struct EmbedderOptions {
-    pub device: DeviceChoice,
+    /// Where the model runs (default `auto`).
+    pub device: ComputeDevice,
     /// Inference threads; 0 = all cores.
     pub threads: usize,
     /// Texts per forward pass; 0 = 32.
@@ -101,7 +100,7 @@ impl BertEmbedder {
             .unwrap_or(512)
             .min(config.max_position_embeddings);
         let tokenizer = load_tokenizer(&dir.join("tokenizer.json"), max_tokens)?;
-        let device = options.device.device()?;
+        let device = crate::runtime::candle_device(options.device)?;
         let weights = dir.join("model.safetensors");
         if !weights.is_file() {
             return Err(Error::Model(format!("{} is missing", weights.display())));

@@ -7,15 +7,13 @@ use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 use candle_transformers::models::xlm_roberta::{
     Config as XlmRobertaConfig, XLMRobertaForSequenceClassification,
 };
-use lycheemem_core::{Error, Result};
+use lycheemem_core::{ComputeDevice, Error, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::Reranker;
-use crate::runtime::{
-    DeviceChoice, batch_tensors, load_tokenizer, model_err, read_json, thread_pool,
-};
+use crate::runtime::{batch_tensors, load_tokenizer, model_err, read_json, thread_pool};
 
 /// The checkpoint architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +27,8 @@ pub enum CrossEncoderArch {
 /// Load-time options; `Default` reads everything from the folder and runs on CPU.
 #[derive(Debug, Clone, Default)]
 pub struct CrossEncoderOptions {
-    pub device: DeviceChoice,
+    /// Where the model runs (default `auto`).
+    pub device: ComputeDevice,
     /// Inference threads; 0 = all cores.
     pub threads: usize,
     /// Pairs per forward pass; 0 = 16.
@@ -99,7 +98,7 @@ impl CrossEncoder {
             .min(head.max_position_embeddings.saturating_sub(2))
             .max(8);
         let tokenizer = load_tokenizer(&dir.join("tokenizer.json"), max_tokens)?;
-        let device = options.device.device()?;
+        let device = crate::runtime::candle_device(options.device)?;
         let weights = dir.join("model.safetensors");
         if !weights.is_file() {
             return Err(Error::Model(format!("{} is missing", weights.display())));

@@ -8,7 +8,8 @@
 //! - [`CrossEncoder`]: BERT and XLM-RoBERTa sequence-classification checkpoints (the
 //!   bge-reranker-base / bge-reranker-v2-m3 architectures).
 //!
-//! Inference runs on CPU by default; the `cuda` cargo feature enables [`DeviceChoice::Cuda`].
+//! Models run where [`ComputeDevice`] says (`auto` by default: the first CUDA GPU when the
+//! `cuda` cargo feature is on and one answers, else the CPU); see [`candle_device`].
 
 mod bert_embedder;
 mod cross_encoder;
@@ -16,7 +17,8 @@ mod runtime;
 
 pub use bert_embedder::{BertEmbedder, EmbedderOptions, Pooling};
 pub use cross_encoder::{CrossEncoder, CrossEncoderArch, CrossEncoderOptions};
-pub use runtime::DeviceChoice;
+pub use lycheemem_core::ComputeDevice;
+pub use runtime::{candle_device, device_label, resolve_device};
 
 use lycheemem_core::Result;
 

@@ -1,27 +1,74 @@
 //! Shared runtime plumbing for the candle models: device choice, thread pools, tokenized batches.
 
 use candle_core::{Device, Tensor};
-use lycheemem_core::{Error, Result};
+use lycheemem_core::{ComputeDevice, Error, Result};
 use tokenizers::Encoding;
 
-/// Where inference runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceChoice {
-    #[default]
-    Cpu,
-    /// CUDA device by ordinal (needs the `cuda` cargo feature).
-    Cuda(usize),
+/// The candle device for `choice`, shared by every model of the process (one CUDA context per
+/// GPU). `Auto` is the first GPU when this build has CUDA support and one answers, else the
+/// CPU; an explicit `cuda:N` fails with the reason when the build lacks CUDA support or the GPU
+/// does not answer.
+pub fn candle_device(choice: ComputeDevice) -> Result<Device> {
+    match choice {
+        ComputeDevice::Cpu => Ok(Device::Cpu),
+        ComputeDevice::Cuda(i) => cuda_device(i),
+        ComputeDevice::Auto => match cuda_device(0) {
+            Ok(d) => Ok(d),
+            Err(e) => {
+                if cfg!(feature = "cuda") {
+                    tracing::info!("device auto: no usable GPU ({e}); running on the CPU");
+                }
+                Ok(Device::Cpu)
+            }
+        },
+    }
 }
 
-impl DeviceChoice {
-    pub(crate) fn device(self) -> Result<Device> {
-        match self {
-            DeviceChoice::Cpu => Ok(Device::Cpu),
-            DeviceChoice::Cuda(i) => {
-                Device::new_cuda(i).map_err(|e| Error::Model(format!("CUDA device {i}: {e}")))
-            }
-        }
+/// `choice` with `auto` decided: the GPU the models will run on, or the CPU.
+pub fn resolve_device(choice: ComputeDevice) -> Result<ComputeDevice> {
+    Ok(match candle_device(choice)?.location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => ComputeDevice::Cuda(gpu_id),
+        _ => ComputeDevice::Cpu,
+    })
+}
+
+/// `cpu` or `cuda:N`: what [`candle_device`] gave.
+pub fn device_label(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(ordinal: usize) -> Result<Device> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static OPENED: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+    let mut opened = OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = opened.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let device = Device::new_cuda(ordinal).map_err(|e| {
+        Error::Model(format!(
+            "CUDA device {ordinal} is not usable ({e}); check that an NVIDIA driver is installed \
+             and the GPU is visible (nvidia-smi), or choose --device cpu"
+        ))
+    })?;
+    opened.insert(ordinal, device.clone());
+    Ok(device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(ordinal: usize) -> Result<Device> {
+    Err(Error::Model(format!(
+        "device cuda:{ordinal}: this binary was built without CUDA support; rebuild with \
+         `--features cuda` (README, \"Running on a GPU\") or choose --device cpu"
+    )))
 }
 
 pub(crate) fn model_err(context: &str) -> impl Fn(candle_core::Error) -> Error + '_ {
@@ -108,4 +155,25 @@ pub(crate) fn load_tokenizer(
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::Model(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_is_always_there_and_auto_falls_back_to_it() {
+        assert!(candle_device(ComputeDevice::Cpu).unwrap().is_cpu());
+        assert_eq!(device_label(&Device::Cpu), "cpu");
+        if !cfg!(feature = "cuda") {
+            assert_eq!(
+                resolve_device(ComputeDevice::Auto).unwrap(),
+                ComputeDevice::Cpu
+            );
+            let e = candle_device(ComputeDevice::Cuda(0))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("built without CUDA support"), "{e}");
+        }
+    }
 }

@@ -7,9 +7,10 @@
 //! sequences, and [`Decoder::forward_batch`] decodes one token of each in a single pass over the
 //! weights), and in reading both architectures through one configuration.
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
+use lycheemem_core::LlmWeights;
 use std::sync::Arc;
 
 /// Architecture-level settings read from the GGUF metadata (`<arch>.*` keys).
@@ -86,12 +87,20 @@ struct Linear {
 }
 
 impl Linear {
-    fn new(weight: QTensor) -> Result<Self> {
+    fn new(weight: QTensor, format: LlmWeights) -> Result<Self> {
         let (n, k) = weight.shape().dims2()?;
-        let dense_prefill = dense_prefill_is_faster(weight.dtype(), n, k);
+        // The dense path is a CPU measurement; candle's CUDA kernels choose their own path.
+        let dense_prefill =
+            weight.device().is_cpu() && dense_prefill_is_faster(weight.dtype(), n, k);
+        let device = weight.device();
         let weight = Arc::new(weight);
+        let quantized = match format {
+            LlmWeights::Quantized => QMatMul::from_arc(weight.clone())?,
+            LlmWeights::F32 => QMatMul::Tensor(weight.dequantize(&device)?),
+            LlmWeights::F16 => QMatMul::TensorF16(weight.dequantize_f16(&device)?),
+        };
         Ok(Linear {
-            quantized: QMatMul::from_arc(weight.clone())?,
+            quantized,
             weight,
             dense_prefill,
         })
@@ -230,10 +239,17 @@ impl Decoder {
         ct: &gguf_file::Content,
         reader: &mut R,
         device: &Device,
+        weights: LlmWeights,
     ) -> Result<Self> {
         let cfg = DecoderConfig::from_gguf(ct)?;
         let qt = |reader: &mut R, name: &str| ct.tensor(reader, name, device);
-        let matmul = |q: QTensor| -> Result<Linear> { Linear::new(with_fast_kernel(q, device)?) };
+        let matmul = |q: QTensor| -> Result<Linear> {
+            match weights {
+                LlmWeights::Quantized => Linear::new(with_fast_kernel(q, device)?, weights),
+                // Dense copies of the file's own values (no Q8_0 detour).
+                LlmWeights::F16 | LlmWeights::F32 => Linear::new(q, weights),
+            }
+        };
         let embed_q = qt(reader, "token_embd.weight")?;
         let embed = Embedding::new(embed_q.dequantize(device)?, cfg.n_embd);
         let output = match qt(reader, "output.weight") {
@@ -450,10 +466,20 @@ impl Decoder {
 /// Q4_1, Q5_0 and Q5_1 (SmolLM2's Q4_1; the many Q5_0 tensors of Qwen2.5-0.5B, whose 896-wide
 /// rows cannot use K-quants). Those are re-quantized once at load time to Q8_0, which is at
 /// least as precise (8-bit blocks of 32) and 4-10x faster here; memory grows by ~60% for them.
+/// A GPU gets the same Q8_0 weights, so CPU and GPU outputs differ by float rounding only.
 fn with_fast_kernel(q: QTensor, device: &Device) -> Result<QTensor> {
     match q.dtype() {
         GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
-            QTensor::quantize(&q.dequantize(device)?, GgmlDType::Q8_0)
+            let q8 = QTensor::quantize(&q.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)?;
+            if device.is_cpu() {
+                return Ok(q8);
+            }
+            // The same Q8_0 weights on a GPU, uploaded the way the GGUF loader uploads: it zeroes
+            // the row padding that candle's CUDA kernels read. (`QTensor::quantize_onto` leaves
+            // that padding uninitialized in candle 0.11: NaN logits for rows that are not a
+            // multiple of 512 wide, e.g. Qwen2.5-0.5B's 896.)
+            let storage = QStorage::from_data(q8.data()?, device, GgmlDType::Q8_0)?;
+            QTensor::new(storage, q8.shape().clone())
         }
         _ => Ok(q),
     }
@@ -564,7 +590,10 @@ mod tests {
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
             .collect();
         let w = Tensor::from_vec(w, (out_dim, in_dim), &dev)?;
-        let mut linear = Linear::new(QTensor::quantize(&w, GgmlDType::Q8_0)?)?;
+        let mut linear = Linear::new(
+            QTensor::quantize(&w, GgmlDType::Q8_0)?,
+            LlmWeights::Quantized,
+        )?;
         linear.dense_prefill = true;
         let x: Vec<f32> = (0..DENSE_MIN_ROWS * in_dim)
             .map(|i| ((i * 104_729 % 997) as f32 / 498.5) - 1.0)

@@ -16,10 +16,10 @@
 //! Each call's `latency_ms` counts from when the worker starts it (queueing excluded; decoding
 //! alongside other calls included).
 
+use candle_core::Tensor;
 use candle_core::quantized::gguf_file;
-use candle_core::{Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
-use lycheemem_core::{Error, Result};
+use lycheemem_core::{ComputeDevice, Error, LlmWeights, Result};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -51,6 +51,10 @@ pub struct LocalOptions {
     /// Most generations decoded together (each keeps its own KV cache slot, so this also bounds
     /// the prompt prefixes kept for reuse); 0 = [`DEFAULT_MAX_BATCH`], 1 = one at a time.
     pub max_batch: usize,
+    /// Where the model runs (default `auto`: a CUDA GPU when built with `cuda` and present).
+    pub device: ComputeDevice,
+    /// Quantized as in the file (default), or dequantized to f16 / f32 at load.
+    pub weights: LlmWeights,
 }
 
 /// What does not change after loading; shared by callers and the worker.
@@ -99,6 +103,15 @@ enum Job {
     Generate(Box<Request>),
     ClearCache(mpsc::SyncSender<()>),
     MeasureSpeed(SpeedProbe),
+    Logits(LogitsProbe),
+}
+
+/// Logits after prefilling `prompt` into a fresh cache, then after each of `steps` fed one at a
+/// time (the decode path).
+struct LogitsProbe {
+    prompt: Vec<u32>,
+    steps: Vec<u32>,
+    reply: mpsc::SyncSender<Result<Vec<Vec<f32>>>>,
 }
 
 /// A GGUF chat model running locally (see the module docs).
@@ -108,6 +121,7 @@ pub struct LocalLlm {
     worker: Option<std::thread::JoinHandle<()>>,
     architecture: String,
     max_batch: usize,
+    device: String,
 }
 
 impl Drop for LocalLlm {
@@ -140,7 +154,9 @@ impl LocalLlm {
                 Error::Model(format!("{} has no tokenizer.chat_template", path.display()))
             })?;
         let template = ChatTemplate::new(&template_src, &specials.bos_text, &specials.eos_text)?;
-        let decoder = Decoder::from_gguf(&content, &mut file, &Device::Cpu)
+        let device = lycheemem_embed::candle_device(options.device)?;
+        let device_label = lycheemem_embed::device_label(&device);
+        let decoder = Decoder::from_gguf(&content, &mut file, &device, options.weights)
             .map_err(|e| Error::Model(format!("cannot load {}: {e}", path.display())))?;
         let context_length = options
             .max_context
@@ -208,7 +224,13 @@ impl LocalLlm {
             worker: Some(worker),
             architecture,
             max_batch,
+            device: device_label,
         })
+    }
+
+    /// Where the model runs: `cpu` or `cuda:N`.
+    pub fn device(&self) -> &str {
+        &self.device
     }
 
     /// The tokenizer built from the GGUF metadata.
@@ -270,6 +292,22 @@ impl LocalLlm {
             reply,
         };
         self.submit(Job::MeasureSpeed(probe), answer)?
+    }
+
+    /// The raw next-token logits (no sampling, no penalties) after `prompt` is prefilled into
+    /// an empty cache, then after each token of `steps` is decoded in turn: `1 + steps.len()`
+    /// vocab-sized rows. For comparing devices and kernels.
+    pub fn raw_logits(&self, prompt: &[u32], steps: &[u32]) -> Result<Vec<Vec<f32>>> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidInput("raw_logits needs a prompt".into()));
+        }
+        let (reply, answer) = mpsc::sync_channel(1);
+        let probe = LogitsProbe {
+            prompt: prompt.to_vec(),
+            steps: steps.to_vec(),
+            reply,
+        };
+        self.submit(Job::Logits(probe), answer)?
     }
 
     /// The GGUF architecture (`llama`, `qwen2`).
@@ -449,6 +487,10 @@ impl Worker {
             }
             Job::MeasureSpeed(probe) => {
                 let result = self.measure(&probe);
+                let _ = probe.reply.send(result);
+            }
+            Job::Logits(probe) => {
+                let result = self.logits(&probe);
                 let _ = probe.reply.send(result);
             }
         }
@@ -696,6 +738,29 @@ impl Worker {
             })
         });
         let _ = a.request.reply.send(result);
+    }
+
+    /// See [`LocalLlm::raw_logits`]; uses a fresh cache, not the slots.
+    fn logits(&self, probe: &LogitsProbe) -> Result<Vec<Vec<f32>>> {
+        let model_err = |e| self.shared.model_err(e);
+        let mut state = self.decoder.new_state();
+        let mut last = None;
+        for chunk in probe.prompt.chunks(PREFILL_CHUNK) {
+            last = Some(self.decoder.forward(&mut state, chunk).map_err(model_err)?);
+        }
+        let mut out = vec![
+            last.expect("non-empty prompt")
+                .to_vec1::<f32>()
+                .map_err(model_err)?,
+        ];
+        for &token in &probe.steps {
+            let l = self
+                .decoder
+                .forward(&mut state, &[token])
+                .map_err(model_err)?;
+            out.push(l.to_vec1::<f32>().map_err(model_err)?);
+        }
+        Ok(out)
     }
 
     /// See [`LocalLlm::measure_batched_speed`]; uses fresh caches, not the slots.

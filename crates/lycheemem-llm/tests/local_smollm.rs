@@ -335,3 +335,48 @@ fn a_cancelled_call_stops_decoding_and_frees_its_slot() {
         .unwrap();
     assert!(!after.text.is_empty());
 }
+
+/// `raw_logits` gives the decode path's logits; feeding the same tokens as one prompt gives the
+/// prompt path's. They agree, the greedy generation starts with their arg-max, and the model's
+/// device is reported.
+#[test]
+fn raw_logits_agree_between_the_prompt_and_decode_paths() {
+    let m = model();
+    assert_eq!(m.device(), "cpu");
+    let (_, ids) = m.prompt_tokens(&ask("Name a colour.")).unwrap();
+    let (prompt, steps) = ids.split_at(ids.len() - 3);
+    let stepped = m.raw_logits(prompt, steps).unwrap();
+    assert_eq!(stepped.len(), 4);
+    let whole = m.raw_logits(&ids, &[]).unwrap();
+    assert_eq!(whole.len(), 1);
+    let (a, b) = (&stepped[3], &whole[0]);
+    assert_eq!(a.len(), b.len());
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .unwrap()
+            .0
+    };
+    assert_eq!(argmax(a), argmax(b));
+    let scale = b.iter().fold(0f32, |s, x| s.max(x.abs()));
+    let diff = a.iter().zip(b).fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+    assert!(diff <= 0.05 * scale, "max diff {diff} at scale {scale}");
+    let greedy = m
+        .complete(
+            &ask("Name a colour."),
+            &GenerateOptions {
+                max_tokens: 1,
+                temperature: 0.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let first = m.tokenizer().id_to_token(argmax(b) as u32).unwrap();
+    assert!(
+        !greedy.text.is_empty() && first.contains(greedy.text.trim().chars().next().unwrap()),
+        "greedy {:?} vs arg-max token {first:?}",
+        greedy.text
+    );
+    assert!(m.raw_logits(&[], &[1]).is_err());
+}

@@ -53,12 +53,15 @@ impl Components {
                 .ensure(spec, &source, on_fetch)
                 .map_err(|e| model_err("model", spec, e))
         };
+        // `auto` is decided once, so every model lands on the same device.
+        let device = lycheemem_embed::resolve_device(m.device)?;
         let embedder_dir = ensure(&m.embedder)?;
         let embedder = BertEmbedder::load(
             &embedder_dir,
             EmbedderOptions {
                 threads: m.threads,
                 batch_size: m.embed_batch_size,
+                device,
                 ..EmbedderOptions::default()
             },
         )
@@ -71,6 +74,7 @@ impl Components {
                 &dir,
                 CrossEncoderOptions {
                     threads: m.threads,
+                    device,
                     ..CrossEncoderOptions::default()
                 },
             )
@@ -94,6 +98,8 @@ impl Components {
                 LocalOptions {
                     threads: m.threads,
                     max_batch: m.llm_batch,
+                    device,
+                    weights: m.llm_weights,
                     ..LocalOptions::default()
                 },
             )

@@ -31,6 +31,8 @@ mod memory;
 mod migrate;
 
 pub use components::Components;
+/// Where the models run, with `auto` decided (the GPU, or the CPU).
+pub use lycheemem_embed::resolve_device;
 pub use memory::{
     Answer, AppendReceipt, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory,
     NewTurn, QueryOptions, RederiveReport, SegmentSummary, is_postgres_location,

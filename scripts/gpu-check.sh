@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GPU check (issue #38). On a machine with an NVIDIA GPU: build with `--features cuda` (unless
+# prebuilt binaries are given), then compare every model on the GPU with the same model on the
+# CPU of the same machine — cross-encoder fixtures against PyTorch's logits, embedder vectors,
+# greedy LLM text, texts/s, prefill / decode / batched-decode tok/s — and run the demo on both.
+#
+#   scripts/gpu-check.sh [OUT_DIR]            (default OUT_DIR: results/gpu-check)
+#
+# Environment:
+#   LYCHEEMEM_BENCH_BIN, LYCHEEMEM_BIN   prebuilt lycheemem-bench / lycheemem (built with cuda)
+#   LYCHEEMEM_SKELETONS                  run on synthetic weights made from these skeletons
+#                                        (`lycheemem-bench device-check --write-skeletons DIR`);
+#                                        for machines the model files cannot reach; no demo then
+#   CUDA_COMPUTE_CAP                     for the build (default: read from nvidia-smi)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/gpu-check}
+mkdir -p "$out"
+started=$(date +%s)
+step() { echo "== $* ($(($(date +%s) - started)) s)" | tee -a "$out/log.txt"; }
+
+step "GPU"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
+  | tee "$out/gpu.txt"
+
+bench=${LYCHEEMEM_BENCH_BIN:-}
+cli=${LYCHEEMEM_BIN:-}
+if [ -z "$bench" ]; then
+  step "build with --features cuda"
+  export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-$(nvidia-smi --query-gpu=compute_cap \
+    --format=csv,noheader | head -1 | tr -d .)}
+  cargo build --release -p lycheemem-bench-cli -p lycheemem-cli \
+    --features lycheemem-bench-cli/cuda,lycheemem-cli/cuda
+  target=${CARGO_TARGET_DIR:-target}
+  bench=$target/release/lycheemem-bench
+  cli=$target/release/lycheemem
+fi
+if ldd "$bench" | grep -q "not found"; then
+  ldd "$bench" | grep "not found" >&2
+  echo "CUDA libraries are missing from the loader path: set LD_LIBRARY_PATH" >&2
+  exit 1
+fi
+
+step "device-check"
+if [ -n "${LYCHEEMEM_SKELETONS:-}" ]; then
+  "$bench" device-check --device cuda:0 --from-skeletons "$LYCHEEMEM_SKELETONS" \
+    --out "$out/device-check.md"
+else
+  "$bench" device-check --device cuda:0 --out "$out/device-check.md"
+  for device in cuda:0 cpu; do
+    step "demo on $device"
+    demo_started=$(date +%s%N)
+    "$cli" demo --device "$device" > "$out/demo-${device/:/}.txt" 2>&1
+    echo "demo on $device: $(( ($(date +%s%N) - demo_started) / 1000000 )) ms" \
+      | tee -a "$out/demo-times.txt"
+  done
+fi
+step "done"
