@@ -2,7 +2,7 @@
 //! deterministic generation, prefix-cache correctness, schema-constrained output, guards.
 
 use lycheemem_llm::{
-    ChatMessage, GenerateOptions, Llm, LocalLlm, LocalOptions, validate_against_schema,
+    ChatMessage, GenerateOptions, Llm, LlmWeights, LocalLlm, LocalOptions, validate_against_schema,
 };
 use lycheemem_models::{FetchSource, ModelStore};
 use serde_json::json;
@@ -379,4 +379,41 @@ fn raw_logits_agree_between_the_prompt_and_decode_paths() {
         greedy.text
     );
     assert!(m.raw_logits(&[], &[1]).is_err());
+}
+
+/// Dequantized weights (`models.llm_weights`): the same model multiplied in f32 or f16 gives
+/// logits close to the quantized kernels' and the same next token.
+#[test]
+fn dequantized_weights_agree_with_the_quantized_kernels() {
+    let (_, ids) = model().prompt_tokens(&ask("Name a colour.")).unwrap();
+    let quantized = &model().raw_logits(&ids, &[]).unwrap()[0];
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .unwrap()
+            .0
+    };
+    for weights in [LlmWeights::F32, LlmWeights::F16] {
+        let dense = LocalLlm::load(
+            &gguf(),
+            LocalOptions {
+                weights,
+                ..LocalOptions::default()
+            },
+        )
+        .unwrap();
+        let logits = &dense.raw_logits(&ids, &[]).unwrap()[0];
+        assert_eq!(argmax(logits), argmax(quantized), "{weights:?}");
+        let scale = logits.iter().fold(0f32, |s, x| s.max(x.abs()));
+        let diff = logits
+            .iter()
+            .zip(quantized)
+            .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+        // SmolLM2's Q4_1 weights run as Q8_0 in the quantized path, with 8-bit activations.
+        assert!(
+            diff <= 0.1 * scale,
+            "{weights:?}: max diff {diff} at scale {scale}"
+        );
+    }
 }
