@@ -3,8 +3,8 @@
 # of the CUDA 13.0 toolkit that candle's build needs from NVIDIA's PyPI wheels into one prefix,
 # then prints the environment to build with.
 #
-#   eval "$(scripts/cuda-toolkit.sh check)"   # compiler + headers: enough for `cargo check`
-#   eval "$(scripts/cuda-toolkit.sh build)"   # + cuBLAS, cuRAND, NVRTC and a link stub for
+#   env=$(scripts/cuda-toolkit.sh check) && eval "$env"   # compiler + headers: `cargo check`
+#   env=$(scripts/cuda-toolkit.sh build) && eval "$env"   # + cuBLAS, cuRAND, NVRTC and a link stub for
 #                                             #   libcuda: enough to link a binary (~600 MB more)
 #
 # The prefix is $LYCHEEMEM_CUDA_DIR (default ~/.cache/lycheemem/cuda13.0). A binary linked here
@@ -26,6 +26,8 @@ esac
 
 root=$prefix/nvidia/cu13
 stamp=$prefix/.installed-$mode
+# `build` installs a superset of `check`.
+if [ "$mode" = check ] && [ -f "$prefix/.installed-build" ]; then stamp=$prefix/.installed-build; fi
 if [ ! -f "$stamp" ]; then
   mkdir -p "$prefix/wheels"
   echo "fetching the CUDA 13.0 $mode set from PyPI into $prefix ..." >&2
@@ -44,7 +46,10 @@ if [ ! -f "$stamp" ]; then
       && ln -sf libcurand.so.10 libcurand.so)
     # Link stub for the driver library: every cu* entry point cudarc declares, no code. The
     # binary records libcuda.so.1 and gets the driver's real one at run time.
-    bindings=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-*/src/driver/sys/mod.rs | tail -1)
+    repo=$(cd "$(dirname "$0")/.." && pwd)
+    version=$(grep -A1 '^name = "cudarc"' "$repo/Cargo.lock" | sed -n 's/^version = "\(.*\)"/\1/p')
+    cargo fetch --manifest-path "$repo/Cargo.toml" >&2
+    bindings=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"cudarc-$version"/src/driver/sys/mod.rs | head -1)
     mkdir -p "$root/lib/stubs"
     grep -oP '^\s+fn \Kcu\w+(?=\()' "$bindings" | sort -u | sed 's/.*/void &(void){}/' \
       > "$prefix/libcuda-stub.c"
@@ -52,6 +57,6 @@ if [ ! -f "$stamp" ]; then
   fi
   touch "$stamp"
 fi
-echo "export CUDA_PATH=$root"
-echo "export PATH=$root/bin:\$PATH"
-echo "export CUDA_COMPUTE_CAP=\${CUDA_COMPUTE_CAP:-90}"
+printf 'export CUDA_PATH=%q\n' "$root"
+printf 'export PATH=%q:"$PATH"\n' "$root/bin"
+echo 'export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}'

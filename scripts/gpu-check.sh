@@ -13,8 +13,18 @@
 #                                        for machines the model files cannot reach; no demo then
 #   CUDA_COMPUTE_CAP                     for the build (default: read from nvidia-smi)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-out=${1:-results/gpu-check}
+# Paths given relative to the caller's folder stay valid after the cd below.
+abs() { [ -z "$1" ] && return 0; realpath -m -- "$1"; }
+repo=$(realpath -m -- "$(dirname "$0")/..")
+out=$(abs "${1:-$repo/results/gpu-check}")
+bench=$(abs "${LYCHEEMEM_BENCH_BIN:-}")
+cli=$(abs "${LYCHEEMEM_BIN:-}")
+skeletons=$(abs "${LYCHEEMEM_SKELETONS:-}")
+cd "$repo"
+if [ -n "$bench" ] && [ -z "$skeletons" ] && [ -z "$cli" ]; then
+  echo "LYCHEEMEM_BENCH_BIN without LYCHEEMEM_SKELETONS also needs LYCHEEMEM_BIN (for the demo)" >&2
+  exit 2
+fi
 mkdir -p "$out"
 started=$(date +%s)
 step() { echo "== $* ($(($(date +%s) - started)) s)" | tee -a "$out/log.txt"; }
@@ -23,8 +33,6 @@ step "GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
   | tee "$out/gpu.txt"
 
-bench=${LYCHEEMEM_BENCH_BIN:-}
-cli=${LYCHEEMEM_BIN:-}
 if [ -z "$bench" ]; then
   step "build with --features cuda"
   export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-$(nvidia-smi --query-gpu=compute_cap \
@@ -35,18 +43,21 @@ if [ -z "$bench" ]; then
   bench=$target/release/lycheemem-bench
   cli=$target/release/lycheemem
 fi
-if ldd "$bench" | grep -q "not found"; then
-  ldd "$bench" | grep "not found" >&2
+missing=$(ldd "$bench" | grep "not found" || true)
+if [ -n "$missing" ]; then
+  echo "$missing" >&2
   echo "CUDA libraries are missing from the loader path: set LD_LIBRARY_PATH" >&2
   exit 1
 fi
 
+# A failed check row still lets the demos run; the script exits with the check's status.
+status=0
 step "device-check"
-if [ -n "${LYCHEEMEM_SKELETONS:-}" ]; then
-  "$bench" device-check --device cuda:0 --from-skeletons "$LYCHEEMEM_SKELETONS" \
-    --out "$out/device-check.md"
+if [ -n "$skeletons" ]; then
+  "$bench" device-check --device cuda:0 --from-skeletons "$skeletons" \
+    --out "$out/device-check.md" || status=$?
 else
-  "$bench" device-check --device cuda:0 --out "$out/device-check.md"
+  "$bench" device-check --device cuda:0 --out "$out/device-check.md" || status=$?
   for device in cuda:0 cpu; do
     step "demo on $device"
     demo_started=$(date +%s%N)
@@ -55,4 +66,5 @@ else
       | tee -a "$out/demo-times.txt"
   done
 fi
-step "done"
+step "done (device-check exit status $status)"
+exit "$status"

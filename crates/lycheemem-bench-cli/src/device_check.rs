@@ -84,9 +84,6 @@ pub fn run(models_dir: &Path, args: DeviceCheckArgs) -> Result<()> {
     if let Some(dir) = &args.write_skeletons {
         return write_skeletons(models_dir, &args, dir);
     }
-    if matches!(args.device, ComputeDevice::Cpu) {
-        eprintln!("--device cpu: the CPU against itself, a dry run of the check");
-    }
     let models = match &args.from_skeletons {
         Some(skeletons) => {
             let work = args.work_dir.clone().unwrap_or_else(|| {
@@ -100,6 +97,12 @@ pub fn run(models_dir: &Path, args: DeviceCheckArgs) -> Result<()> {
         None => Models::Store(ModelStore::open(models_dir)?),
     };
     let gpu = lycheemem_embed::candle_device(args.device)?;
+    if gpu.is_cpu() {
+        eprintln!(
+            "device {}: the CPU against itself, a dry run of the check",
+            args.device
+        );
+    }
     let mut report = Report::default();
     writeln!(
         report.head,
@@ -122,6 +125,9 @@ pub fn run(models_dir: &Path, args: DeviceCheckArgs) -> Result<()> {
     }
     let text = report.render();
     print!("{text}");
+    if let (Models::Synthetic(dir), None) = (&models, &args.work_dir) {
+        let _ = std::fs::remove_dir_all(dir); // gigabytes of random weights
+    }
     if let Some(out) = &args.out {
         std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
     }
@@ -218,11 +224,32 @@ fn check_fixtures(args: &DeviceCheckArgs) -> Result<Vec<[String; 5]>> {
                 ..Default::default()
             },
         )?;
+        if expected.len() != pairs.len() {
+            bail!(
+                "{}: {} pairs but {} logit rows",
+                path.display(),
+                pairs.len(),
+                expected.len()
+            );
+        }
+        // NaN-aware: a NaN anywhere makes `worst` NaN, which fails the comparison below.
         let mut worst = 0f32;
         for ((q, p), want) in pairs.iter().zip(&expected) {
             let got = model.logits(q, &[p.as_str()])?;
+            if got[0].len() != want.len() {
+                bail!(
+                    "{dir}: {} logits per pair, PyTorch has {}",
+                    got[0].len(),
+                    want.len()
+                );
+            }
             for (g, w) in got[0].iter().zip(want) {
-                worst = worst.max((g - w).abs());
+                let d = (g - w).abs();
+                if d.is_nan() || worst.is_nan() {
+                    worst = f32::NAN;
+                } else {
+                    worst = worst.max(d);
+                }
             }
         }
         rows.push(row(
@@ -256,14 +283,19 @@ fn check_kernels(args: &DeviceCheckArgs) -> Result<Vec<[String; 5]>> {
             let x: Vec<f32> = (0..m * k).map(|_| rng.unit()).collect();
             let x = Tensor::from_vec(x, (1, m, k), &Device::Cpu)?;
             let reference = x.broadcast_matmul(&exact_w)?;
-            let scale = reference.abs()?.max_all()?.to_scalar::<f32>()?.max(1e-6);
+            let reference = reference.flatten_all()?.to_vec1::<f32>()?;
+            let scale = reference.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
+            // Infinite when any value is not finite (a max over tensors would skip NaNs).
             let rel = |t: &Tensor| -> Result<f32> {
-                let d = (t - &reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
-                Ok(if d.is_finite() {
-                    d / scale
-                } else {
-                    f32::INFINITY
-                })
+                let got = t.flatten_all()?.to_vec1::<f32>()?;
+                if got.len() != reference.len() || got.iter().any(|x| !x.is_finite()) {
+                    return Ok(f32::INFINITY);
+                }
+                let d = got
+                    .iter()
+                    .zip(&reference)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                Ok(d / scale)
             };
             let c = rel(&mm_cpu.forward(&x)?)?;
             let g = rel(&mm_gpu
@@ -338,7 +370,7 @@ fn check_embedder(args: &DeviceCheckArgs, models: &Models) -> Result<Vec<[String
         .iter()
         .zip(&v_gpu)
         .map(|(a, b)| cosine(a, b))
-        .fold(f32::INFINITY, f32::min);
+        .fold(f32::INFINITY, |m, c| if c.is_nan() { c } else { m.min(c) });
     let rate = |t: Duration| texts.len() as f64 / t.as_secs_f64();
     // A GPU is far from busy at 32 texts per pass: the same texts in passes of 256.
     let wide = BertEmbedder::load(
@@ -666,9 +698,20 @@ fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Bytes before the tensor data of a safetensors file: 8-byte length + JSON header.
 fn safetensors_header_len(path: &Path) -> Result<u64> {
+    let mut file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
     let mut len = [0u8; 8];
-    std::fs::File::open(path)?.read_exact(&mut len)?;
-    Ok(8 + u64::from_le_bytes(len))
+    file.read_exact(&mut len)
+        .with_context(|| format!("{} is too short for safetensors", path.display()))?;
+    let len = u64::from_le_bytes(len);
+    // The format caps its JSON header at 100 MB.
+    if len > 100_000_000 || len > size.saturating_sub(8) {
+        bail!(
+            "{} is not a safetensors file (header length {len}, file {size} bytes)",
+            path.display()
+        );
+    }
+    Ok(8 + len)
 }
 
 /// Bytes before the tensor data of a GGUF file (metadata, tensor table, alignment).
@@ -696,19 +739,33 @@ impl Rng {
     }
 }
 
-/// Values for a float tensor: norms' scales near 1, everything else small (like an init).
-fn float_values(name: &str, n: usize, rng: &mut Rng) -> Vec<f32> {
+/// No synthetic tensor is larger (a bad skeleton fails instead of filling the disk).
+const MAX_TENSOR_BYTES: u64 = 16 << 30;
+
+/// Writes `n` values of a float tensor (f32 or f16): norms' scales near 1, everything else
+/// small (like an init).
+fn write_floats(w: &mut impl Write, name: &str, n: usize, f16: bool, rng: &mut Rng) -> Result<()> {
     let scale_like =
         name.contains("norm") || name.contains("LayerNorm.weight") || name.ends_with("gamma");
-    (0..n)
-        .map(|_| {
-            if scale_like {
-                1.0 + 0.1 * rng.unit()
-            } else {
-                0.05 * rng.unit()
-            }
-        })
-        .collect()
+    for _ in 0..n {
+        let v = if scale_like {
+            1.0 + 0.1 * rng.unit()
+        } else {
+            0.05 * rng.unit()
+        };
+        if f16 {
+            w.write_all(&half::f16::from_f32(v).to_le_bytes())?;
+        } else {
+            w.write_all(&v.to_le_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `n` zero bytes without allocating them.
+fn zeros(w: &mut impl Write, n: u64) -> Result<()> {
+    std::io::copy(&mut std::io::repeat(0).take(n), w)?;
+    Ok(())
 }
 
 /// Writes full weight files next to copies of the small files, for every model under
@@ -733,17 +790,26 @@ fn materialize(skeletons: &Path, out: &Path) -> Result<()> {
 
 fn synthetic_safetensors(skeleton: &Path, target: &Path, rng: &mut Rng) -> Result<()> {
     let head = std::fs::read(skeleton)?;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&head[8..])?;
+    let bad = || format!("{} is not a safetensors skeleton", skeleton.display());
+    let len = head
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+        .with_context(bad)?;
+    let json = head.get(8..8usize.saturating_add(len)).with_context(bad)?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(json).with_context(bad)?;
     let mut tensors: Vec<(String, String, u64, u64)> = Vec::new();
     for (name, info) in &header {
         if name == "__metadata__" {
             continue;
         }
-        let offsets = info["data_offsets"].as_array().context("data_offsets")?;
-        let (start, end) = (
-            offsets[0].as_u64().context("offset")?,
-            offsets[1].as_u64().context("offset")?,
-        );
+        let offset = |i: usize| info["data_offsets"].get(i).and_then(|v| v.as_u64());
+        let (Some(start), Some(end)) = (offset(0), offset(1)) else {
+            bail!("{}: tensor {name} has no data_offsets", bad());
+        };
+        if end < start || end - start > MAX_TENSOR_BYTES {
+            bail!("{}: tensor {name} spans {start}..{end}", bad());
+        }
         let dtype = info["dtype"].as_str().context("dtype")?.to_string();
         tensors.push((name.clone(), dtype, start, end));
     }
@@ -752,23 +818,15 @@ fn synthetic_safetensors(skeleton: &Path, target: &Path, rng: &mut Rng) -> Resul
     w.write_all(&head)?;
     let mut at = 0u64;
     for (name, dtype, start, end) in tensors {
-        w.write_all(&vec![0u8; start.saturating_sub(at) as usize])?;
+        zeros(&mut w, start.saturating_sub(at))?;
         let bytes = (end - start) as usize;
         match dtype.as_str() {
-            "F32" => {
-                for v in float_values(&name, bytes / 4, rng) {
-                    w.write_all(&v.to_le_bytes())?;
-                }
-            }
-            "F16" => {
-                for v in float_values(&name, bytes / 2, rng) {
-                    w.write_all(&half::f16::from_f32(v).to_le_bytes())?;
-                }
-            }
+            "F32" => write_floats(&mut w, &name, bytes / 4, false, rng)?,
+            "F16" => write_floats(&mut w, &name, bytes / 2, true, rng)?,
             // Integer tensors (position ids and the like): zeros are valid.
-            _ => w.write_all(&vec![0u8; bytes])?,
+            _ => zeros(&mut w, bytes as u64)?,
         }
-        at = end;
+        at = at.max(end);
     }
     w.flush()?;
     Ok(())
@@ -784,30 +842,30 @@ fn synthetic_gguf(skeleton: &Path, target: &Path, rng: &mut Rng) -> Result<()> {
     infos.sort_by_key(|(_, i)| i.offset);
     let mut w = std::io::BufWriter::new(std::fs::File::create(target)?);
     w.write_all(&head)?;
-    w.write_all(&vec![
-        0u8;
-        (content.tensor_data_offset as usize)
-            .saturating_sub(head.len())
-    ])?;
+    zeros(
+        &mut w,
+        content.tensor_data_offset.saturating_sub(head.len() as u64),
+    )?;
     let mut at = 0u64;
     let mut pools: std::collections::HashMap<GgmlDType, Vec<u8>> = Default::default();
     for (name, info) in infos {
-        w.write_all(&vec![0u8; info.offset.saturating_sub(at) as usize])?;
+        if info.offset < at {
+            bail!(
+                "{}: tensor {name} overlaps the one before",
+                skeleton.display()
+            );
+        }
+        zeros(&mut w, info.offset - at)?;
         let dtype = info.ggml_dtype;
         let elems = info.shape.elem_count();
         let blocks = elems / dtype.block_size();
-        let bytes = blocks * dtype.type_size();
+        let bytes = blocks.saturating_mul(dtype.type_size());
+        if bytes as u64 > MAX_TENSOR_BYTES {
+            bail!("{}: tensor {name} is {bytes} bytes", skeleton.display());
+        }
         match dtype {
-            GgmlDType::F32 => {
-                for v in float_values(name, elems, rng) {
-                    w.write_all(&v.to_le_bytes())?;
-                }
-            }
-            GgmlDType::F16 => {
-                for v in float_values(name, elems, rng) {
-                    w.write_all(&half::f16::from_f32(v).to_le_bytes())?;
-                }
-            }
+            GgmlDType::F32 => write_floats(&mut w, name, elems, false, rng)?,
+            GgmlDType::F16 => write_floats(&mut w, name, elems, true, rng)?,
             _ => {
                 // Quantized: blocks drawn at random from a pool of valid quantized blocks.
                 let pool = match pools.entry(dtype) {
@@ -824,7 +882,7 @@ fn synthetic_gguf(skeleton: &Path, target: &Path, rng: &mut Rng) -> Result<()> {
                 }
             }
         }
-        at = info.offset + bytes as u64;
+        at = info.offset.saturating_add(bytes as u64);
     }
     w.flush()?;
     Ok(())

@@ -110,8 +110,7 @@ fn device_choices_are_checked_before_any_model_loads() {
         "{stderr}"
     );
     // A build without the feature names the fix instead of failing somewhere in a kernel.
-    #[cfg(not(feature = "cuda"))]
-    {
+    if !lycheemem::CUDA_SUPPORT {
         let tmp = tempfile::tempdir().unwrap();
         let stderr = stderr_of(
             lycheemem()

@@ -19,8 +19,8 @@ pub enum Pooling {
     Cls,
 }
 
-/// Load-time options. `Default` reads everything from the model folder and runs on CPU with
-/// all cores.
+/// Load-time options. `Default` reads everything from the model folder and runs on the `auto`
+/// device (the GPU in a `cuda` build with one present, else the CPU with all cores).
 #[derive(Debug, Clone, Default)]
 pub struct EmbedderOptions {
     /// Where the model runs (default `auto`).

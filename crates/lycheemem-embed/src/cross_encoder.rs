@@ -24,7 +24,7 @@ pub enum CrossEncoderArch {
     XlmRoberta,
 }
 
-/// Load-time options; `Default` reads everything from the folder and runs on CPU.
+/// Load-time options; `Default` reads everything from the folder and runs on the `auto` device.
 #[derive(Debug, Clone, Default)]
 pub struct CrossEncoderOptions {
     /// Where the model runs (default `auto`).

@@ -18,7 +18,7 @@ mod runtime;
 pub use bert_embedder::{BertEmbedder, EmbedderOptions, Pooling};
 pub use cross_encoder::{CrossEncoder, CrossEncoderArch, CrossEncoderOptions};
 pub use lycheemem_core::ComputeDevice;
-pub use runtime::{candle_device, device_label, resolve_device};
+pub use runtime::{CUDA_SUPPORT, candle_device, device_label, resolve_device};
 
 use lycheemem_core::Result;
 

@@ -4,6 +4,9 @@ use candle_core::{Device, Tensor};
 use lycheemem_core::{ComputeDevice, Error, Result};
 use tokenizers::Encoding;
 
+/// Whether this build can run models on CUDA GPUs (the `cuda` feature).
+pub const CUDA_SUPPORT: bool = cfg!(feature = "cuda");
+
 /// The candle device for `choice`, shared by every model of the process (one CUDA context per
 /// GPU). `Auto` is the first GPU when this build has CUDA support and one answers, else the
 /// CPU; an explicit `cuda:N` fails with the reason when the build lacks CUDA support or the GPU

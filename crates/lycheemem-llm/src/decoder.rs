@@ -81,9 +81,9 @@ const DENSE_MIN_ROWS: usize = 64;
 
 /// A quantized weight matrix `(out, in)` applied as `x · Wᵀ` (see [`DENSE_MIN_ROWS`]).
 struct Linear {
-    weight: Arc<QTensor>,
-    quantized: QMatMul,
-    dense_prefill: bool,
+    matmul: QMatMul,
+    /// The quantized weight, kept where prompt chunks multiply a dense copy of it.
+    dense_prefill: Option<Arc<QTensor>>,
 }
 
 impl Linear {
@@ -93,26 +93,32 @@ impl Linear {
         let dense_prefill =
             weight.device().is_cpu() && dense_prefill_is_faster(weight.dtype(), n, k);
         let device = weight.device();
-        let weight = Arc::new(weight);
-        let quantized = match format {
-            LlmWeights::Quantized => QMatMul::from_arc(weight.clone())?,
-            LlmWeights::F32 => QMatMul::Tensor(weight.dequantize(&device)?),
-            LlmWeights::F16 => QMatMul::TensorF16(weight.dequantize_f16(&device)?),
-        };
-        Ok(Linear {
-            quantized,
-            weight,
-            dense_prefill,
+        Ok(match format {
+            LlmWeights::Quantized => {
+                let weight = Arc::new(weight);
+                Linear {
+                    matmul: QMatMul::from_arc(weight.clone())?,
+                    dense_prefill: dense_prefill.then_some(weight),
+                }
+            }
+            LlmWeights::F32 => Linear {
+                matmul: QMatMul::Tensor(weight.dequantize(&device)?),
+                dense_prefill: None,
+            },
+            LlmWeights::F16 => Linear {
+                matmul: QMatMul::TensorF16(weight.dequantize_f16(&device)?),
+                dense_prefill: None,
+            },
         })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(D::Minus1)?.max(1);
-        match &self.quantized {
-            QMatMul::QTensor(_) if self.dense_prefill && rows >= DENSE_MIN_ROWS => {
-                QMatMul::Tensor(self.weight.dequantize(x.device())?).forward(x)
+        match &self.dense_prefill {
+            Some(weight) if rows >= DENSE_MIN_ROWS => {
+                QMatMul::Tensor(weight.dequantize(x.device())?).forward(x)
             }
-            q => q.forward(x),
+            _ => self.matmul.forward(x),
         }
     }
 }
@@ -466,7 +472,7 @@ impl Decoder {
 /// Q4_1, Q5_0 and Q5_1 (SmolLM2's Q4_1; the many Q5_0 tensors of Qwen2.5-0.5B, whose 896-wide
 /// rows cannot use K-quants). Those are re-quantized once at load time to Q8_0, which is at
 /// least as precise (8-bit blocks of 32) and 4-10x faster here; memory grows by ~60% for them.
-/// A GPU gets the same Q8_0 weights, so CPU and GPU outputs differ by float rounding only.
+/// A GPU gets the same Q8_0 weights, so both devices multiply identical weights.
 fn with_fast_kernel(q: QTensor, device: &Device) -> Result<QTensor> {
     match q.dtype() {
         GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
@@ -590,11 +596,11 @@ mod tests {
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
             .collect();
         let w = Tensor::from_vec(w, (out_dim, in_dim), &dev)?;
-        let mut linear = Linear::new(
-            QTensor::quantize(&w, GgmlDType::Q8_0)?,
-            LlmWeights::Quantized,
-        )?;
-        linear.dense_prefill = true;
+        let q = Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?);
+        let linear = Linear {
+            matmul: QMatMul::from_arc(q.clone())?,
+            dense_prefill: Some(q),
+        };
         let x: Vec<f32> = (0..DENSE_MIN_ROWS * in_dim)
             .map(|i| ((i * 104_729 % 997) as f32 / 498.5) - 1.0)
             .collect();

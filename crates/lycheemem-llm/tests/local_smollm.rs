@@ -2,7 +2,8 @@
 //! deterministic generation, prefix-cache correctness, schema-constrained output, guards.
 
 use lycheemem_llm::{
-    ChatMessage, GenerateOptions, Llm, LlmWeights, LocalLlm, LocalOptions, validate_against_schema,
+    ChatMessage, ComputeDevice, GenerateOptions, Llm, LlmWeights, LocalLlm, LocalOptions,
+    validate_against_schema,
 };
 use lycheemem_models::{FetchSource, ModelStore};
 use serde_json::json;
@@ -28,15 +29,24 @@ fn batching_model(max_batch: usize) -> LocalLlm {
         &gguf(),
         LocalOptions {
             max_batch,
+            device: ComputeDevice::Cpu,
             ..LocalOptions::default()
         },
     )
     .unwrap()
 }
 
+/// These tests pin the CPU: their numbers and cache behaviour are the CPU path's.
+fn cpu() -> LocalOptions {
+    LocalOptions {
+        device: ComputeDevice::Cpu,
+        ..LocalOptions::default()
+    }
+}
+
 fn model() -> &'static LocalLlm {
     static MODEL: OnceLock<LocalLlm> = OnceLock::new();
-    MODEL.get_or_init(|| LocalLlm::load(&gguf(), LocalOptions::default()).unwrap())
+    MODEL.get_or_init(|| LocalLlm::load(&gguf(), cpu()).unwrap())
 }
 
 const SYSTEM: &str =
@@ -395,14 +405,7 @@ fn dequantized_weights_agree_with_the_quantized_kernels() {
             .0
     };
     for weights in [LlmWeights::F32, LlmWeights::F16] {
-        let dense = LocalLlm::load(
-            &gguf(),
-            LocalOptions {
-                weights,
-                ..LocalOptions::default()
-            },
-        )
-        .unwrap();
+        let dense = LocalLlm::load(&gguf(), LocalOptions { weights, ..cpu() }).unwrap();
         let logits = &dense.raw_logits(&ids, &[]).unwrap()[0];
         assert_eq!(argmax(logits), argmax(quantized), "{weights:?}");
         let scale = logits.iter().fold(0f32, |s, x| s.max(x.abs()));

@@ -31,6 +31,8 @@ mod memory;
 mod migrate;
 
 pub use components::Components;
+/// Whether this build can run models on CUDA GPUs (the `cuda` feature).
+pub use lycheemem_embed::CUDA_SUPPORT;
 /// Where the models run, with `auto` decided (the GPU, or the CPU).
 pub use lycheemem_embed::resolve_device;
 pub use memory::{
