@@ -45,6 +45,16 @@ if [ -z "$bench" ]; then
 fi
 missing=$(ldd "$bench" | grep "not found" || true)
 if [ -n "$missing" ]; then
+  # A prebuilt binary on a machine whose CUDA libraries sit outside the loader's path (a CUDA
+  # toolkit folder, the driver's folder, pip's nvidia wheels): look there.
+  for lib in $(echo "$missing" | awk '{print $1}'); do
+    found=$(find /usr/local/nvidia /usr/local/cuda* /opt /usr/lib/x86_64-linux-gnu \
+      -name "$lib" 2>/dev/null | head -1 || true)
+    [ -n "$found" ] && export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  done
+  missing=$(ldd "$bench" | grep "not found" || true)
+fi
+if [ -n "$missing" ]; then
   echo "$missing" >&2
   echo "CUDA libraries are missing from the loader path: set LD_LIBRARY_PATH" >&2
   exit 1
