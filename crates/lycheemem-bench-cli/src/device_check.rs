@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{Device, Module, Tensor};
 use clap::Args;
+use lycheemem_bench::synthetic::Rng;
 use lycheemem_core::{ComputeDevice, LlmWeights};
 use lycheemem_embed::{
     BertEmbedder, CrossEncoder, CrossEncoderOptions, Embedder, EmbedderOptions, cosine,
@@ -271,7 +272,7 @@ fn check_kernels(args: &DeviceCheckArgs) -> Result<Vec<[String; 5]>> {
     let gpu = lycheemem_embed::candle_device(args.device)?;
     let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
     let (n, k) = (1536usize, 1536usize);
-    let w: Vec<f32> = (0..n * k).map(|_| 0.05 * rng.unit()).collect();
+    let w: Vec<f32> = (0..n * k).map(|_| 0.05 * signed(&mut rng)).collect();
     let w = Tensor::from_vec(w, (n, k), &Device::Cpu)?;
     let mut rows = Vec::new();
     for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
@@ -280,7 +281,7 @@ fn check_kernels(args: &DeviceCheckArgs) -> Result<Vec<[String; 5]>> {
         let on_gpu = QTensor::new(QStorage::from_data(q.data()?, &gpu, dtype)?, (n, k))?;
         let (mm_cpu, mm_gpu) = (QMatMul::from_qtensor(q)?, QMatMul::from_qtensor(on_gpu)?);
         for m in [1usize, 8, 256] {
-            let x: Vec<f32> = (0..m * k).map(|_| rng.unit()).collect();
+            let x: Vec<f32> = (0..m * k).map(|_| signed(&mut rng)).collect();
             let x = Tensor::from_vec(x, (1, m, k), &Device::Cpu)?;
             let reference = x.broadcast_matmul(&exact_w)?;
             let reference = reference.flatten_all()?.to_vec1::<f32>()?;
@@ -722,21 +723,10 @@ fn gguf_header_len(path: &Path) -> Result<u64> {
     Ok(content.tensor_data_offset)
 }
 
-/// A small seeded generator (xorshift64*): synthetic weights are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
+/// Uniform in [-1, 1) from the harness's seeded generator (synthetic weights are the same on
+/// every run).
+fn signed(rng: &mut Rng) -> f32 {
+    2.0 * rng.unit() - 1.0
 }
 
 /// No synthetic tensor is larger (a bad skeleton fails instead of filling the disk).
@@ -749,9 +739,9 @@ fn write_floats(w: &mut impl Write, name: &str, n: usize, f16: bool, rng: &mut R
         name.contains("norm") || name.contains("LayerNorm.weight") || name.ends_with("gamma");
     for _ in 0..n {
         let v = if scale_like {
-            1.0 + 0.1 * rng.unit()
+            1.0 + 0.1 * signed(rng)
         } else {
-            0.05 * rng.unit()
+            0.05 * signed(rng)
         };
         if f16 {
             w.write_all(&half::f16::from_f32(v).to_le_bytes())?;
@@ -877,7 +867,7 @@ fn synthetic_gguf(skeleton: &Path, target: &Path, rng: &mut Rng) -> Result<()> {
                 let size = dtype.type_size();
                 let count = pool.len() / size;
                 for _ in 0..blocks {
-                    let k = (rng.next() % count as u64) as usize;
+                    let k = (rng.next_u64() % count as u64) as usize;
                     w.write_all(&pool[k * size..(k + 1) * size])?;
                 }
             }
@@ -892,7 +882,7 @@ fn synthetic_gguf(skeleton: &Path, target: &Path, rng: &mut Rng) -> Result<()> {
 fn block_pool(dtype: GgmlDType, rng: &mut Rng) -> Result<Vec<u8>> {
     const BLOCKS: usize = 1024;
     let n = BLOCKS * dtype.block_size();
-    let values: Vec<f32> = (0..n).map(|_| 0.05 * rng.unit()).collect();
+    let values: Vec<f32> = (0..n).map(|_| 0.05 * signed(rng)).collect();
     let t = Tensor::from_vec(values, (BLOCKS, dtype.block_size()), &Device::Cpu)?;
     let q = QTensor::quantize(&t, dtype)?;
     Ok(q.data()?.into_owned())
