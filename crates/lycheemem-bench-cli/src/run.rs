@@ -64,6 +64,10 @@ pub struct BenchRunArgs {
     /// other variants still run on every selected item). Repeatable.
     #[arg(long)]
     variant_items: Vec<String>,
+    /// Only make the plans the selected questions lack (logged in the results folder and the
+    /// cache): no memory is built, no question evaluated.
+    #[arg(long)]
+    plans_only: bool,
     /// Judge LLM (default: the answer LLM).
     #[arg(long, env = "LYCHEEMEM_JUDGE_LLM")]
     judge_llm: Option<String>,
@@ -148,6 +152,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         max_sessions: args.sessions,
         jobs: args.jobs,
         variant_items: parse_variant_items(&args.variant_items)?,
+        plans_only: args.plans_only,
     };
     let mut models = BTreeMap::new();
     models.insert("embedder".to_string(), base.models.embedder.clone());

@@ -84,7 +84,55 @@ fn spec_for(
         max_sessions: None,
         jobs: 1,
         variant_items: Default::default(),
+        plans_only: false,
     }
+}
+
+#[test]
+fn a_plans_only_run_makes_every_plan_and_builds_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let b = backends(llm.clone(), miso_judge());
+    let spec = RunSpec {
+        plans_only: true,
+        ..spec_for(
+            &dir.path().join("locomo_tiny.json"),
+            &dir.path().join("results"),
+            &dir.path().join("cache"),
+            &["full", "no_planner", "naive_rag"],
+        )
+    };
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    // Two questions, one planning variant: two planner calls and nothing else.
+    assert_eq!(llm.calls(), 2);
+    let plans = std::fs::read_to_string(spec.cache.join("plans.jsonl")).unwrap();
+    assert_eq!(plans.lines().count(), 2);
+    let kept = std::fs::read_to_string(spec.out.join("plans.jsonl")).unwrap();
+    assert_eq!(
+        kept.lines().count(),
+        2,
+        "the results folder keeps its plans"
+    );
+    assert!(run::predictions(&spec.out).unwrap().is_empty());
+    assert!(run::constructions(&spec.out).unwrap().is_empty());
+    let built: Vec<_> = std::fs::read_dir(&spec.cache)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .collect();
+    assert!(built.is_empty(), "no memory is built: {built:?}");
+    // The full run that follows plans nothing again: encoder and answer calls only.
+    let full = RunSpec {
+        plans_only: false,
+        ..spec.clone()
+    };
+    let before = llm.calls();
+    run::run(&data, &full, &Config::default(), &b, &mut |_| {}).unwrap();
+    let plans = std::fs::read_to_string(spec.cache.join("plans.jsonl")).unwrap();
+    assert_eq!(plans.lines().count(), 2, "no plan made twice");
+    assert!(llm.calls() > before);
+    assert_eq!(run::predictions(&spec.out).unwrap().len(), 6);
 }
 
 #[test]

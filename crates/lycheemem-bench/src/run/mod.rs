@@ -74,6 +74,11 @@ pub struct RunSpec {
     /// call per turn); variants not listed run on every selected item.
     #[serde(default)]
     pub variant_items: BTreeMap<String, Vec<String>>,
+    /// Only make (and log) the plans the selected questions lack: no memory is built and no
+    /// question is evaluated. Plans need no memory, so a machine can spend its LLM time on
+    /// them alone while the memories are built elsewhere or later.
+    #[serde(default)]
+    pub plans_only: bool,
 }
 
 impl RunSpec {
@@ -540,6 +545,13 @@ pub fn run(
     // comes.
     let items: Vec<(usize, &Vec<usize>)> = by_item.iter().map(|(&i, qs)| (i, qs)).collect();
     let waves: Vec<&Wave> = items.chunks(spec.jobs.max(1) * WAVE_PER_JOB).collect();
+    if spec.plans_only {
+        for &wave in &waves {
+            plan_wave(&ctx, wave, &mut ck, progress)?;
+        }
+        progress("plans only: every selected question of a planning variant has its plan".into());
+        return Ok(());
+    }
     run_waves(&ctx, &waves, &mut ck, progress)?;
     if replay.made() + replay.replayed() > 0 {
         progress(format!(
