@@ -126,7 +126,8 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         .judge_llm
         .clone()
         .unwrap_or_else(|| base.models.answer_llm.clone());
-    let judge = if args.retrieval_only {
+    // A plans-only run answers nothing: no judge model to load.
+    let judge = if args.retrieval_only || args.plans_only {
         None
     } else if judge_spec == base.models.answer_llm {
         Some(components.answer_llm.clone())
