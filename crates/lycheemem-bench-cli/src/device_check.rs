@@ -123,6 +123,10 @@ pub fn run(models_dir: &Path, args: DeviceCheckArgs) -> Result<()> {
     report.section("embedder", || check_embedder(&args, &models));
     for name in &args.llms {
         report.section(&format!("LLM {name}"), || check_llm(&args, &models, name));
+        // The report so far, kept on disk: the slow sections come last.
+        if let Some(out) = &args.out {
+            let _ = std::fs::write(out, report.render());
+        }
     }
     let text = report.render();
     print!("{text}");
@@ -169,6 +173,10 @@ impl Report {
         match check() {
             Ok(rows) => {
                 self.failures += rows.iter().filter(|r| r[4].starts_with("FAIL")).count();
+                // Each row as it comes, so a run cut short still shows what it measured.
+                for r in &rows {
+                    eprintln!("| {} |", r.join(" | "));
+                }
                 self.rows.extend(rows);
             }
             Err(e) => {
