@@ -104,7 +104,10 @@ pub fn run(models_dir: &Path, args: DeviceCheckArgs) -> Result<()> {
             args.device
         );
     }
-    let mut report = Report::default();
+    let mut report = Report {
+        out: args.out.clone(),
+        ..Report::default()
+    };
     writeln!(
         report.head,
         "GPU {} vs CPU ({} threads) on the same machine; weights: {}",
@@ -123,10 +126,6 @@ pub fn run(models_dir: &Path, args: DeviceCheckArgs) -> Result<()> {
     report.section("embedder", || check_embedder(&args, &models));
     for name in &args.llms {
         report.section(&format!("LLM {name}"), || check_llm(&args, &models, name));
-        // The report so far, kept on disk: the slow sections come last.
-        if let Some(out) = &args.out {
-            let _ = std::fs::write(out, report.render());
-        }
     }
     let text = report.render();
     print!("{text}");
@@ -164,31 +163,38 @@ struct Report {
     head: String,
     rows: Vec<[String; 5]>,
     failures: usize,
+    /// Where the report so far is saved after each section (`--out`).
+    out: Option<PathBuf>,
 }
 
 impl Report {
-    /// Runs one check; its rows go in the table, an error becomes a failed row.
+    /// Runs one check; its rows go in the table, an error becomes a failed row. Each row is
+    /// printed as it comes and the report so far saved, so a run cut short (a GPU machine's time
+    /// limit) still shows what it measured.
     fn section(&mut self, what: &str, check: impl FnOnce() -> Result<Vec<[String; 5]>>) {
         eprintln!("checking {what} ...");
-        match check() {
-            Ok(rows) => {
-                self.failures += rows.iter().filter(|r| r[4].starts_with("FAIL")).count();
-                // Each row as it comes, so a run cut short still shows what it measured.
-                for r in &rows {
-                    eprintln!("| {} |", r.join(" | "));
-                }
-                self.rows.extend(rows);
-            }
-            Err(e) => {
-                self.failures += 1;
-                self.rows.push([
-                    what.into(),
-                    "-".into(),
-                    "-".into(),
-                    "-".into(),
-                    format!("FAIL: {e:#}"),
-                ]);
-            }
+        let rows = check().unwrap_or_else(|e| {
+            let dash = || "-".to_string();
+            vec![row(
+                what.into(),
+                dash(),
+                dash(),
+                dash(),
+                format!("FAIL: {e:#}"),
+            )]
+        });
+        self.failures += rows.iter().filter(|r| r[4].starts_with("FAIL")).count();
+        for r in &rows {
+            eprintln!("{}", table_line(r));
+        }
+        self.rows.extend(rows);
+        if let Some(out) = &self.out
+            && let Err(e) = std::fs::write(out, self.render())
+        {
+            eprintln!(
+                "warning: could not save the report so far to {}: {e}",
+                out.display()
+            );
         }
     }
 
@@ -196,10 +202,15 @@ impl Report {
         let mut s = format!("{}\n\n", self.head);
         s.push_str("| check | CPU | GPU | GPU / CPU | parity |\n|---|---|---|---|---|\n");
         for r in &self.rows {
-            s.push_str(&format!("| {} |\n", r.join(" | ")));
+            s.push_str(&table_line(r));
+            s.push('\n');
         }
         s
     }
+}
+
+fn table_line(r: &[String; 5]) -> String {
+    format!("| {} |", r.join(" | "))
 }
 
 fn row(what: String, cpu: String, gpu: String, ratio: String, parity: String) -> [String; 5] {
