@@ -18,10 +18,19 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     // The code that goes into the binary; results folders and docs do not make it dirty.
     let sources = ["crates", "xtask", "benches", "Cargo.toml", "Cargo.lock"];
+    // Paths relative to this package: checkouts sharing one target directory (a CI clone beside
+    // a working tree) each check their own files, not the ones of the checkout that ran last.
     for s in sources {
-        println!("cargo:rerun-if-changed={}", root.join(s).display());
+        println!("cargo:rerun-if-changed=../../{s}");
     }
     if let Some(git_dir) = git(&root, &["rev-parse", "--absolute-git-dir"]) {
+        // The checkout's own .git is named relative to the package too; a git dir elsewhere (a
+        // worktree's) stays absolute.
+        let root_abs = root.canonicalize().unwrap_or_else(|_| root.clone());
+        let git_dir = match Path::new(&git_dir).strip_prefix(&root_abs) {
+            Ok(rel) => format!("../../{}", rel.display()),
+            Err(_) => git_dir,
+        };
         // A commit or checkout moves HEAD (or the ref it names) and rewrites the index.
         for f in ["HEAD", "index"] {
             println!("cargo:rerun-if-changed={git_dir}/{f}");
