@@ -623,6 +623,12 @@ pub struct RetrievalConfig {
     pub max_constraints: usize,
     /// Query variants per route.
     pub max_variants: usize,
+    /// The planner's route queries (the variants after the question and the route's goal) only
+    /// widen recall: a candidate's channel score and similarity `r` are measured against the
+    /// question and the goal, and a candidate only those queries found is scored as the record or
+    /// raw-turn channel would score it for them. Off = the SPEC's rule (each candidate keeps its
+    /// best score over every variant); docs/algorithm.md, "Routes and channels".
+    pub planner_queries_recall_only: bool,
     /// Channel switches. `record_vector_only` = only `records`.
     pub channel_temporal: bool,
     pub channel_nodes: bool,
@@ -724,6 +730,7 @@ impl Default for RetrievalConfig {
             max_queries_per_route: 8,
             max_constraints: 12,
             max_variants: 8,
+            planner_queries_recall_only: true,
             channel_temporal: true,
             channel_nodes: true,
             channel_records: true,

@@ -31,6 +31,9 @@ pub struct Scored {
     pub rerank: Option<f32>,
     pub route_score: f32,
     pub provenance: Provenance,
+    /// Only the planner's route queries found it (not the question, the route's goal or the
+    /// time filter); see `RetrievalConfig::planner_queries_recall_only`.
+    pub queries_only: bool,
 }
 
 impl Scored {
@@ -43,6 +46,7 @@ impl Scored {
             rerank: None,
             route_score: 0.0,
             provenance: Provenance::default(),
+            queries_only: false,
         }
     }
 
@@ -56,6 +60,7 @@ impl Scored {
         self.field = self.field.max(other.field);
         self.r = self.r.max(other.r);
         self.provenance.merge(&other.provenance);
+        self.queries_only &= other.queries_only;
     }
 }
 

@@ -62,9 +62,23 @@ pub fn variants(question: &str, route: &Route, max: usize) -> Vec<String> {
     out
 }
 
+/// How many of a route's variants (see [`variants`]) are the question and the route's goal,
+/// the ones relevance is measured against when the planner's queries only widen recall.
+pub fn leading_variants(question: &str, route: &Route, variant_count: usize) -> usize {
+    let (q, g) = (question.trim(), route.goal.trim());
+    let lead =
+        usize::from(!q.is_empty()) + usize::from(!g.is_empty() && !g.eq_ignore_ascii_case(q));
+    lead.clamp(1, variant_count.max(1))
+}
+
 /// A route's candidates by target (ordered, so everything downstream sees them in one order).
 struct Pool {
     items: BTreeMap<CandidateTarget, Scored>,
+    /// Best channel score per candidate from the leading variants and the variant-free
+    /// channels (temporal); a candidate missing here was found by the route's queries only.
+    lead_field: BTreeMap<CandidateTarget, f32>,
+    /// Variants `0..lead` are leading.
+    lead: usize,
 }
 
 impl Pool {
@@ -77,6 +91,10 @@ impl Pool {
         node: Option<&str>,
         route_id: &str,
     ) {
+        if variant.is_none_or(|v| v < self.lead) {
+            let l = self.lead_field.entry(target.clone()).or_insert(f32::MIN);
+            *l = l.max(field);
+        }
         let c = self
             .items
             .entry(target.clone())
@@ -164,8 +182,15 @@ pub fn run_route_timed(
     let cfg = ctx.cfg;
     let profile = cfg.types.get(ctx.question_type);
     let budget = RecallBudget::new(cfg, profile, ctx.k);
+    let lead = if cfg.planner_queries_recall_only {
+        leading_variants(ctx.question, route, variant_vectors.len())
+    } else {
+        variant_vectors.len()
+    };
     let mut pool = Pool {
         items: BTreeMap::new(),
+        lead_field: BTreeMap::new(),
+        lead,
     };
     let rid = route.route_id.as_str();
     if cfg.channel_temporal && !route.temporal_filter.is_open() {
@@ -193,9 +218,22 @@ pub fn run_route_timed(
     if !node_hits.is_empty() {
         expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool, rid)?;
     }
-    let candidates: Vec<Scored> = pool.items.into_values().collect();
+    let Pool {
+        items, lead_field, ..
+    } = pool;
+    let candidates: Vec<Scored> = items
+        .into_values()
+        .map(|mut c| {
+            match lead_field.get(&c.target) {
+                Some(&f) => c.field = f,
+                None => c.queries_only = true,
+            }
+            c
+        })
+        .collect();
     let recall_ms = started.elapsed().as_secs_f64() * 1e3;
-    let candidates = score_route(ctx, route, candidates, variant_vectors, profile)?;
+    let lead_vectors = &variant_vectors[..lead.min(variant_vectors.len())];
+    let candidates = score_route(ctx, route, candidates, lead_vectors, profile)?;
     let score_ms = started.elapsed().as_secs_f64() * 1e3 - recall_ms;
     Ok((
         candidates,
@@ -435,7 +473,8 @@ fn expand_nodes(
 }
 
 /// A route's candidates resolved (texts, dates, sessions), given their bonuses, joined by their
-/// source windows, optionally reranked, and scored and sorted for fusion.
+/// source windows, optionally reranked, and scored and sorted for fusion. `variant_vectors` are
+/// the variants relevance is measured against.
 fn score_route(
     ctx: &RouteContext<'_>,
     route: &Route,
@@ -552,6 +591,23 @@ fn resolve(
                 .iter()
                 .map(|q| r_of(cosine(&v, q)))
                 .fold(0.0f32, f32::max);
+        }
+        if c.queries_only {
+            // Found by the planner's queries alone: scored as the record or raw-turn channel
+            // scores a hit of the question (its similarity to the leading variants).
+            let r = f64::from(c.r);
+            c.field = match (&c.target, c.info.role) {
+                (CandidateTarget::Record { .. }, _) => {
+                    ctx.cfg.record_base + ctx.cfg.record_scale * r
+                }
+                (CandidateTarget::Turns { .. }, role) => {
+                    let bonus = match role {
+                        Some(SourceRole::Assistant) => role_bonus(Role::Assistant, profile),
+                        _ => role_bonus(Role::User, profile),
+                    };
+                    (ctx.cfg.turn_base + ctx.cfg.turn_scale * r) * profile.raw_mult + bonus
+                }
+            } as f32;
         }
     }
     Ok(())
@@ -768,6 +824,26 @@ mod tests {
             vec!["Where does Caroline live?", "caroline home", "city"]
         );
         assert_eq!(variants("q", &route, 2).len(), 2);
+    }
+
+    #[test]
+    fn leading_variants_are_the_question_and_a_distinct_goal() {
+        let mut route = Route {
+            route_id: "r".into(),
+            goal: "where Caroline lives".into(),
+            queries: vec!["caroline home".into()],
+            constraints: Vec::new(),
+            temporal_filter: TemporalFilter::default(),
+        };
+        assert_eq!(leading_variants("Where does Caroline live?", &route, 3), 2);
+        // Capped by how many variants there are.
+        assert_eq!(leading_variants("Where does Caroline live?", &route, 1), 1);
+        // A goal repeating the question or left empty is not a second leading variant: the
+        // first query is then variant 1 and must not count as leading.
+        route.goal = "WHERE does caroline live?".into();
+        assert_eq!(leading_variants("Where does Caroline live?", &route, 2), 1);
+        route.goal = "  ".into();
+        assert_eq!(leading_variants("Where does Caroline live?", &route, 2), 1);
     }
 
     #[test]

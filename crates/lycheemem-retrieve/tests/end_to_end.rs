@@ -265,6 +265,33 @@ fn a_person_specific_question_ranks_that_persons_fact_above_the_other_speakers()
     );
 }
 
+/// A planner query that names another person's fact must not lift that fact above the
+/// question's own answer: the route's queries widen recall, the question and goal score.
+#[test]
+fn a_planner_query_widens_recall_but_the_question_and_goal_score() {
+    let plan = r#"{"question_type": "single", "semantic_queries": [], "temporal_filter": null,
+      "routes": [{"route_id": "r1", "goal": "what Melanie painted", "queries": ["Caroline painted a portrait of her grandmother."], "constraints": [], "temporal_filter": null}]}"#;
+    let q = "What did Melanie paint?";
+    let rank = |cfg: &RetrievalConfig| {
+        let (result, _) = search(q, Some(plan), cfg);
+        let records = record_texts(&result);
+        let at = |needle: &str| records.iter().position(|t| t.contains(needle));
+        (at("sunrise"), at("grandmother"), result.explain())
+    };
+    let (melanie, caroline, explain) = rank(&RetrievalConfig::default());
+    let melanie = melanie.expect("Melanie's painting is retrieved");
+    assert!(caroline.is_none_or(|c| melanie < c), "{explain}");
+    // The SPEC's rule (each candidate keeps its best score over every variant) lets the query's
+    // near-copy of the other fact win: the difference this switch makes.
+    let spec = RetrievalConfig {
+        planner_queries_recall_only: false,
+        ..RetrievalConfig::default()
+    };
+    let (melanie, caroline, explain) = rank(&spec);
+    let caroline = caroline.expect("the query's target is retrieved");
+    assert!(melanie.is_none_or(|m| caroline < m), "{explain}");
+}
+
 #[test]
 fn unparseable_plans_fall_back_to_the_question_and_no_planner_makes_no_call() {
     let (result, planner) = search(
