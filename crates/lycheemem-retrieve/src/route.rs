@@ -134,6 +134,17 @@ fn node_weight(kind: NodeKind, cfg: &RetrievalConfig) -> f64 {
     }
 }
 
+/// The record channel's field score of a record at similarity `r`.
+fn record_field(cfg: &RetrievalConfig, r: f32) -> f64 {
+    cfg.record_base + cfg.record_scale * f64::from(r)
+}
+
+/// The raw-turn channel's field score of a turn (or window) at similarity `r`, before any role
+/// bonus.
+fn turn_field(cfg: &RetrievalConfig, profile: &TypeProfile, r: f32) -> f64 {
+    (cfg.turn_base + cfg.turn_scale * f64::from(r)) * profile.raw_mult
+}
+
 fn role_bonus(role: Role, profile: &TypeProfile) -> f64 {
     match role {
         Role::Assistant => profile.assistant_bonus,
@@ -203,12 +214,12 @@ pub fn run_route_timed(
         Vec::new()
     };
     if cfg.channel_records {
-        let field = |r: f32| cfg.record_base + cfg.record_scale * f64::from(r);
+        let field = |r: f32| record_field(cfg, r);
         let what = (Target::Record, budget.rec_n, Channel::Record);
         recall_nearest(ctx, variant_vectors, what, field, &mut pool, rid)?;
     }
     if cfg.channel_turns {
-        let field = |r: f32| (cfg.turn_base + cfg.turn_scale * f64::from(r)) * profile.raw_mult;
+        let field = |r: f32| turn_field(cfg, profile, r);
         let what = (Target::Turn, budget.turn_n, Channel::RawTurn);
         recall_nearest(ctx, variant_vectors, what, field, &mut pool, rid)?;
     }
@@ -595,17 +606,14 @@ fn resolve(
         if c.queries_only {
             // Found by the planner's queries alone: scored as the record or raw-turn channel
             // scores a hit of the question (its similarity to the leading variants).
-            let r = f64::from(c.r);
             c.field = match (&c.target, c.info.role) {
-                (CandidateTarget::Record { .. }, _) => {
-                    ctx.cfg.record_base + ctx.cfg.record_scale * r
-                }
+                (CandidateTarget::Record { .. }, _) => record_field(ctx.cfg, c.r),
                 (CandidateTarget::Turns { .. }, role) => {
                     let bonus = match role {
                         Some(SourceRole::Assistant) => role_bonus(Role::Assistant, profile),
                         _ => role_bonus(Role::User, profile),
                     };
-                    (ctx.cfg.turn_base + ctx.cfg.turn_scale * r) * profile.raw_mult + bonus
+                    turn_field(ctx.cfg, profile, c.r) + bonus
                 }
             } as f32;
         }
@@ -729,7 +737,7 @@ fn add_windows(
                 first: first.turn_ref(),
                 last_index: last.index,
             });
-            w.field = ((cfg.turn_base + cfg.turn_scale * f64::from(r)) * profile.raw_mult) as f32;
+            w.field = turn_field(cfg, profile, r) as f32;
             w.r = r;
             w.info.session = session.clone();
             w.info.session_date = anchors[who[0]].info.session_date.clone();
