@@ -713,6 +713,11 @@ pub struct RetrievalConfig {
     /// Estimated tokens the chosen evidence may take in the answer prompt (0 = no budget); an
     /// item that does not fit is skipped for the next best (the first item always fits).
     pub evidence_token_budget: usize,
+    /// Never let `evidence_token_budget` hold fewer than k raw turns of this question's
+    /// candidates: the budget used is `max(evidence_token_budget, k × median tokens per raw
+    /// turn)`, the median over the raw-turn and window candidates (a window's tokens divided by
+    /// its turns). Keeps the budget from starving memories whose turns are long.
+    pub evidence_budget_turn_floor: bool,
     /// Min-max normalize final scores within the MMR pool before MMR, so `mmr_relevance` and
     /// `mmr_redundancy` trade the same amounts with and without a cross-encoder.
     pub mmr_normalize_relevance: bool,
@@ -786,6 +791,7 @@ impl Default for RetrievalConfig {
             per_type_limiter: false,
             raw_count_limiter: false,
             evidence_token_budget: 1000,
+            evidence_budget_turn_floor: true,
             mmr_normalize_relevance: true,
         }
     }

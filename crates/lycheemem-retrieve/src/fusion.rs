@@ -301,6 +301,37 @@ struct Selector<'a> {
     max_sim: Vec<f64>,
     raw_budget: usize,
     score_ratio: f32,
+    /// The evidence token budget in force (0 = none): [`token_budget`].
+    token_budget: usize,
+}
+
+/// The evidence token budget for one selection: `evidence_token_budget`, raised to k raw turns
+/// of the median length among the raw candidates when `evidence_budget_turn_floor` is on (a
+/// window counts its tokens per turn). 0 means no budget.
+fn token_budget(
+    tokens: &[usize],
+    turns: &[Vec<(String, u32)>],
+    k: usize,
+    cfg: &RetrievalConfig,
+) -> usize {
+    if cfg.evidence_token_budget == 0 {
+        return 0;
+    }
+    if !cfg.evidence_budget_turn_floor {
+        return cfg.evidence_token_budget;
+    }
+    let mut per_turn: Vec<usize> = tokens
+        .iter()
+        .zip(turns)
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(&n, t)| n / t.len())
+        .collect();
+    if per_turn.is_empty() {
+        return cfg.evidence_token_budget;
+    }
+    per_turn.sort_unstable();
+    let median = per_turn[per_turn.len() / 2];
+    cfg.evidence_token_budget.max(k.saturating_mul(median))
 }
 
 /// What the chosen items hold when a pick starts: the turns they show, how many are raw, the
@@ -334,15 +365,19 @@ impl<'a> Selector<'a> {
             in_pool[i] = true;
         }
         let (raw_budget, score_ratio) = limiter(qt, k, cfg);
+        let tokens: Vec<usize> = fused
+            .iter()
+            .map(|f| estimate_tokens(&f.candidate.info.text) as usize)
+            .collect();
+        let turns: Vec<Vec<(String, u32)>> = fused.iter().map(shown_turns).collect();
+        let token_budget = token_budget(&tokens, &turns, k, cfg);
         Selector {
             fused,
             cfg,
             signatures: fused.iter().map(|f| Signature::of(&f.candidate)).collect(),
-            tokens: fused
-                .iter()
-                .map(|f| estimate_tokens(&f.candidate.info.text) as usize)
-                .collect(),
-            turns: fused.iter().map(shown_turns).collect(),
+            tokens,
+            turns,
+            token_budget,
             in_pool,
             chosen: Vec::new(),
             mmr_scores: Vec::new(),
@@ -421,14 +456,14 @@ impl<'a> Selector<'a> {
                 }
             }
         }
-        if cfg.evidence_token_budget > 0 && !chosen.is_empty() {
+        if self.token_budget > 0 && !chosen.is_empty() {
             // A window frees the tokens of the chosen raw turns it contains.
             let freed: usize = chosen
                 .iter()
                 .filter(|&&c| f.candidate.is_raw() && shown_inside(&self.turns[c], &self.turns[i]))
                 .map(|&c| self.tokens[c])
                 .sum();
-            if held.spent - freed + self.tokens[i] > cfg.evidence_token_budget {
+            if held.spent - freed + self.tokens[i] > self.token_budget {
                 return Some(DropReason::TokenBudget);
             }
         }
@@ -791,6 +826,62 @@ mod tests {
         );
         // Without refill the pool (4 items) would have given 2.
         assert!(selection.pool_size > 4);
+    }
+
+    #[test]
+    fn the_token_budget_holds_at_least_k_raw_turns_of_the_median_length() {
+        // Six long single turns (~200 tokens each, as in memories of long assistant answers) and
+        // a 250-token budget: the budget alone would admit one of them.
+        let list: Vec<Scored> = (0..6)
+            .map(|i| {
+                raw(
+                    i * 3,
+                    0.9 - i as f32 * 0.01,
+                    &format!("A: turn{i} {}", vec!["word"; 200].join(" ")),
+                )
+            })
+            .collect();
+        let per_turn = estimate_tokens(&list[0].info.text) as usize;
+        assert!(per_turn >= 200);
+        let routes = vec![("r1".to_string(), list)];
+        let route_ids = vec!["r1".to_string()];
+        let run = |floor: bool| {
+            let mut cfg = cfg();
+            cfg.evidence_token_budget = 250;
+            cfg.evidence_budget_turn_floor = floor;
+            select(
+                fuse(&routes, 4, &cfg),
+                &route_ids,
+                4,
+                QuestionType::Single,
+                &cfg,
+            )
+        };
+        assert_eq!(run(false).len(), 1);
+        let picked = run(true);
+        assert_eq!(picked.len(), 4, "{:?}", ids(&picked));
+        // k × the median is the budget: a fifth turn would not have fitted either.
+        let spent: usize = picked
+            .iter()
+            .map(|s| estimate_tokens(&s.fused.candidate.info.text) as usize)
+            .sum();
+        assert!(spent <= 4 * per_turn);
+        // Short turns leave the configured budget as it is.
+        let tokens = vec![10, 12, 30];
+        let turns: Vec<Vec<(String, u32)>> = (0..3).map(|i| vec![("s".to_string(), i)]).collect();
+        let mut cfg = cfg();
+        cfg.evidence_token_budget = 250;
+        assert_eq!(token_budget(&tokens, &turns, 4, &cfg), 250);
+        // A window counts its tokens per turn; records do not count.
+        let tokens = vec![400, 90, 5];
+        let turns = vec![
+            (0..4).map(|i| ("s".to_string(), i)).collect(),
+            vec![("s".to_string(), 9)],
+            Vec::new(),
+        ];
+        assert_eq!(token_budget(&tokens, &turns, 4, &cfg), 400);
+        cfg.evidence_token_budget = 0;
+        assert_eq!(token_budget(&tokens, &turns, 4, &cfg), 0);
     }
 
     #[test]
