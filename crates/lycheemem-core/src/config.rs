@@ -678,6 +678,12 @@ pub struct RetrievalConfig {
     pub temporal_boost_session: f64,
     /// Anchors whose evidence turns get source windows.
     pub window_anchors: usize,
+    /// A raw-turn hit (raw-turn or lexical channel) is shown with this many turns of its session
+    /// before it and after it: in dialogue the turn that matches a question's wording is often
+    /// itself a question, and the answer is the reply that follows it (docs/algorithm.md,
+    /// read-path departure 9).
+    pub raw_turn_context_before: u32,
+    pub raw_turn_context_after: u32,
     /// Route-local score `field*source_weight + r_weight*r + min(variant_cap, variant_step*#variants)`.
     pub route_r_weight: f64,
     pub route_variant_step: f64,
@@ -713,10 +719,11 @@ pub struct RetrievalConfig {
     /// Estimated tokens the chosen evidence may take in the answer prompt (0 = no budget); an
     /// item that does not fit is skipped for the next best (the first item always fits).
     pub evidence_token_budget: usize,
-    /// Never let `evidence_token_budget` hold fewer than k raw turns of this question's
-    /// candidates: the budget used is `max(evidence_token_budget, k × median tokens per raw
-    /// turn)`, the median over the raw-turn and window candidates (a window's tokens divided by
-    /// its turns). Keeps the budget from starving memories whose turns are long.
+    /// Never let `evidence_token_budget` hold fewer than k raw-turn items of this question's
+    /// candidates: the budget used is `max(evidence_token_budget, k × (1 +
+    /// raw_turn_context_before + raw_turn_context_after) × median tokens per raw turn)`, the
+    /// median over the raw-turn and window candidates (a window's tokens divided by its turns).
+    /// Keeps the budget from starving memories whose turns are long.
     pub evidence_budget_turn_floor: bool,
     /// Min-max normalize final scores within the MMR pool before MMR, so `mmr_relevance` and
     /// `mmr_redundancy` trade the same amounts with and without a cross-encoder.
@@ -770,6 +777,8 @@ impl Default for RetrievalConfig {
             temporal_boost_record: 0.08,
             temporal_boost_session: 0.04,
             window_anchors: 5,
+            raw_turn_context_before: 0,
+            raw_turn_context_after: 1,
             route_r_weight: 0.03,
             route_variant_step: 0.01,
             route_variant_cap: 0.03,

@@ -305,9 +305,10 @@ struct Selector<'a> {
     token_budget: usize,
 }
 
-/// The evidence token budget for one selection: `evidence_token_budget`, raised to k raw turns
-/// of the median length among the raw candidates when `evidence_budget_turn_floor` is on (a
-/// window counts its tokens per turn). 0 means no budget.
+/// The evidence token budget for one selection: `evidence_token_budget`, raised to k raw-turn
+/// items (a hit with its `raw_turn_context_before` / `_after` turns) of the median turn length
+/// among the raw candidates when `evidence_budget_turn_floor` is on (a window counts its tokens
+/// per turn). 0 means no budget.
 fn token_budget(
     tokens: &[usize],
     turns: &[Vec<(String, u32)>],
@@ -331,7 +332,9 @@ fn token_budget(
     }
     per_turn.sort_unstable();
     let median = per_turn[per_turn.len() / 2];
-    cfg.evidence_token_budget.max(k.saturating_mul(median))
+    let item_turns = 1 + cfg.raw_turn_context_before as usize + cfg.raw_turn_context_after as usize;
+    cfg.evidence_token_budget
+        .max(k.saturating_mul(item_turns).saturating_mul(median))
 }
 
 /// What the chosen items hold when a pick starts: the turns they show, how many are raw, the
@@ -847,6 +850,7 @@ mod tests {
         let route_ids = vec!["r1".to_string()];
         let run = |floor: bool| {
             let mut cfg = cfg();
+            cfg.raw_turn_context_after = 0;
             cfg.evidence_token_budget = 250;
             cfg.evidence_budget_turn_floor = floor;
             select(
@@ -870,6 +874,7 @@ mod tests {
         let tokens = vec![10, 12, 30];
         let turns: Vec<Vec<(String, u32)>> = (0..3).map(|i| vec![("s".to_string(), i)]).collect();
         let mut cfg = cfg();
+        cfg.raw_turn_context_after = 0;
         cfg.evidence_token_budget = 250;
         assert_eq!(token_budget(&tokens, &turns, 4, &cfg), 250);
         // A window counts its tokens per turn; records do not count.
@@ -880,6 +885,9 @@ mod tests {
             Vec::new(),
         ];
         assert_eq!(token_budget(&tokens, &turns, 4, &cfg), 400);
+        // A raw-turn item that shows a context turn holds two turns: k of them fit.
+        cfg.raw_turn_context_after = 1;
+        assert_eq!(token_budget(&tokens, &turns, 4, &cfg), 800);
         cfg.evidence_token_budget = 0;
         assert_eq!(token_budget(&tokens, &turns, 4, &cfg), 0);
     }

@@ -572,23 +572,41 @@ fn resolve(
                 keep.push(true);
             }
             CandidateTarget::Turns { first, .. } => {
-                let turns =
-                    ctx.store
-                        .turn_range(ctx.ns, &first.session, first.index, first.index)?;
-                let Some(t) = turns.first() else {
+                // The hit with its context turns (`raw_turn_context_before` / `_after`).
+                let hit = first.clone();
+                let turns = ctx.store.turn_range(
+                    ctx.ns,
+                    &hit.session,
+                    hit.index.saturating_sub(ctx.cfg.raw_turn_context_before),
+                    hit.index.saturating_add(ctx.cfg.raw_turn_context_after),
+                )?;
+                let (Some(t), Some(head), Some(tail)) = (
+                    turns.iter().find(|t| t.index == hit.index),
+                    turns.first(),
+                    turns.last(),
+                ) else {
                     keep.push(false);
                     continue;
                 };
+                c.target = CandidateTarget::Turns {
+                    first: head.turn_ref(),
+                    last_index: tail.index,
+                };
                 c.info.session = t.session.to_string();
                 c.info.session_date = session_date(&t.session)?;
-                c.info.text = format!("{}: {}", t.author(), t.text);
+                c.info.text = turns
+                    .iter()
+                    .map(|t| format!("{}: {}", t.author(), t.text))
+                    .collect::<Vec<_>>()
+                    .join("\n");
                 c.info.role = Some(match t.role {
                     Role::Assistant => SourceRole::Assistant,
                     _ => SourceRole::User,
                 });
-                c.info.turns = vec![t.index];
+                c.info.turns = turns.iter().map(|t| t.index).collect();
                 c.field += role_bonus(t.role, profile) as f32;
-                items.push(ItemRef::Turn(first.clone()));
+                // Scored on the hit's own vector.
+                items.push(ItemRef::Turn(hit));
                 keep.push(true);
             }
         }
