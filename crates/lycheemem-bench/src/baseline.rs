@@ -88,6 +88,9 @@ fn snippet(
         temporal: TemporalScope::default(),
         entities: Vec::new(),
         turns,
+        // The prompt shortens a chunk by its lines, from both ends.
+        dialogue: Vec::new(),
+        focus_turns: Vec::new(),
     })
 }
 

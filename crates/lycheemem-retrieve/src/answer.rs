@@ -24,34 +24,67 @@ fn cut(text: &str, max: usize) -> String {
     }
 }
 
-/// Bounds a dialogue snippet (one `speaker: text` line per turn) to `max` characters by dropping
-/// whole turns from its two ends in turn, keeping the middle: a source window is its anchor's
-/// cited turns with context on both sides, so the cited turns are in the middle. A single turn
-/// longer than `max` is cut.
-fn trim_dialogue(text: &str, max: usize) -> String {
-    let mut lines: std::collections::VecDeque<&str> = text.lines().collect();
-    let size = |lines: &std::collections::VecDeque<&str>| -> usize {
-        lines.iter().map(|l| l.chars().count() + 1).sum::<usize>()
+/// Bounds a dialogue snippet to `max` characters by dropping whole turns from its ends, keeping
+/// the turns it was retrieved for: `focus` holds their positions in `parts` (one part per turn).
+/// Each step drops the end turn farther from the focus, and when only focus turns are left,
+/// later ones go first. With no focus, turns go from both ends in turn, the first from the front
+/// (a source window's cited turns sit in its middle). A single turn longer than `max` is cut.
+fn trim_turns(parts: &[&str], focus: &[usize], max: usize) -> String {
+    let (mut lo, mut hi) = (0usize, parts.len());
+    let size = |lo: usize, hi: usize| -> usize {
+        parts[lo..hi]
+            .iter()
+            .map(|l| l.chars().count() + 1)
+            .sum::<usize>()
     };
-    let (mut dropped_front, mut dropped_back) = (false, false);
+    let span = focus.iter().min().zip(focus.iter().max());
     let mut from_front = true;
-    while lines.len() > 1 && size(&lines) > max {
-        if from_front {
-            lines.pop_front();
-            dropped_front = true;
+    while hi - lo > 1 && size(lo, hi) > max {
+        let drop_front = match span {
+            // Distance of each end turn from the focus span (0 once inside it).
+            Some((&f_lo, &f_hi)) => f_lo.saturating_sub(lo) > (hi - 1).saturating_sub(f_hi),
+            None => from_front,
+        };
+        if drop_front {
+            lo += 1;
         } else {
-            lines.pop_back();
-            dropped_back = true;
+            hi -= 1;
         }
         from_front = !from_front;
     }
-    let body = lines.iter().copied().collect::<Vec<_>>().join("\n");
-    let body = cut(&body, max);
+    let body = cut(&parts[lo..hi].join("\n"), max);
     format!(
         "{}{body}{}",
-        if dropped_front { "…\n" } else { "" },
-        if dropped_back { "\n…" } else { "" }
+        if lo > 0 { "…\n" } else { "" },
+        if hi < parts.len() { "\n…" } else { "" }
     )
+}
+
+/// A snippet's text for the prompt, bounded by [`trim_turns`]: turn by turn when the item
+/// carries its turns' lines, else line by line of its text (the middle kept).
+fn trim_snippet(e: &EvidenceItem, max: usize) -> String {
+    if !e.dialogue.is_empty() && e.dialogue.len() == e.turns.len() {
+        let parts: Vec<&str> = e.dialogue.iter().map(String::as_str).collect();
+        let focus: Vec<usize> = e
+            .turns
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| e.focus_turns.contains(t))
+            .map(|(i, _)| i)
+            .collect();
+        trim_turns(&parts, &focus, max)
+    } else {
+        trim_dialogue(&e.evidence.text, max)
+    }
+}
+
+/// [`trim_turns`] over the lines of a text, keeping the middle.
+fn trim_dialogue(text: &str, max: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    trim_turns(&lines, &[], max)
 }
 
 /// The two evidence blocks as they appear in the prompt.
@@ -90,7 +123,7 @@ pub fn evidence_blocks(evidence: &[EvidenceItem], cfg: &AnswerConfig) -> (String
                 snippets.push_str(&format!(
                     "[D{si}] (session {}, date {date})\n{}\n",
                     e.session,
-                    trim_dialogue(&e.evidence.text, cfg.evidence_item_chars)
+                    trim_snippet(e, cfg.evidence_item_chars)
                 ));
             }
         }
@@ -167,6 +200,7 @@ pub fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lycheemem_core::{CandidateTarget, Evidence};
 
     #[test]
     fn a_long_snippet_keeps_its_middle_turns_whole() {
@@ -186,5 +220,70 @@ mod tests {
             assert!(line.ends_with("of the window"), "{line}");
         }
         assert_eq!(trim_dialogue("A: short", 100), "A: short");
+    }
+
+    fn snippet(turns: Vec<u32>, dialogue: Vec<String>, focus: Vec<u32>) -> EvidenceItem {
+        EvidenceItem {
+            evidence: Evidence {
+                target: CandidateTarget::Turns {
+                    first: lycheemem_core::TurnRef {
+                        session: lycheemem_core::SessionId::new("s1").unwrap(),
+                        index: turns[0],
+                    },
+                    last_index: *turns.last().unwrap(),
+                },
+                text: dialogue.join("\n"),
+                best_route_score: 0.5,
+                rrf: 0.0,
+                final_score: 0.5,
+                mmr_score: 0.5,
+                provenance: Default::default(),
+            },
+            session: "s1".into(),
+            session_date: None,
+            memory_type: None,
+            temporal: Default::default(),
+            entities: Vec::new(),
+            turns,
+            dialogue,
+            focus_turns: focus,
+        }
+    }
+
+    #[test]
+    fn a_long_reply_is_cut_before_the_hit_it_answers() {
+        // A user's turn that matched, then a long multi-line assistant reply.
+        let reply = format!("assistant: {}", "Here is a long list item.\n".repeat(80));
+        let e = snippet(
+            vec![4, 5],
+            vec!["user: my dog is called Biscuit".into(), reply],
+            vec![4],
+        );
+        let out = trim_snippet(&e, 300);
+        assert!(out.starts_with("user: my dog is called Biscuit"), "{out}");
+        assert!(out.ends_with("\n…"), "{out}");
+        // Without its turns the same text loses the hit first.
+        let mut plain = e.clone();
+        plain.dialogue.clear();
+        assert!(!trim_snippet(&plain, 300).contains("Biscuit"));
+    }
+
+    #[test]
+    fn a_window_is_trimmed_around_its_anchor_turns() {
+        let dialogue: Vec<String> = (10..19)
+            .map(|i| format!("A: turn number {i} of the window"))
+            .collect();
+        // The anchor cited turns 11 and 12, near the window's start.
+        let e = snippet((10..19).collect(), dialogue, vec![11, 12]);
+        let out = trim_snippet(&e, 100);
+        assert!(
+            out.contains("turn number 11") && out.contains("turn number 12"),
+            "{out}"
+        );
+        assert!(!out.contains("turn number 18"), "{out}");
+        // A single focus turn longer than the bound is cut, never dropped.
+        let e = snippet(vec![3], vec![format!("A: {}", "x".repeat(500))], vec![3]);
+        let out = trim_snippet(&e, 50);
+        assert_eq!(out.chars().count(), 51, "{out}");
     }
 }

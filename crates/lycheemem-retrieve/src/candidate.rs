@@ -17,6 +17,12 @@ pub struct ItemInfo {
     pub entities: Vec<String>,
     /// Turn indices the item covers (records: their evidence turns).
     pub turns: Vec<u32>,
+    /// Raw turns and windows: each shown turn's `speaker: text`, parallel to `turns` (`text` is
+    /// their lines joined). Empty for records.
+    pub dialogue: Vec<String>,
+    /// Raw turns and windows: the turns the item was found for (a raw-turn hit; the cited turns
+    /// of a window's anchors). The answer prompt keeps them when it trims the snippet.
+    pub focus: Vec<u32>,
     pub temporal: TemporalScope,
 }
 
@@ -55,12 +61,19 @@ impl Scored {
         matches!(self.target, CandidateTarget::Turns { .. })
     }
 
-    /// Folds another hit of the same candidate in: max scores, union provenance.
+    /// Folds another hit of the same candidate (or a raw hit inside a window) in: max scores,
+    /// union provenance, union focus turns.
     pub fn absorb(&mut self, other: &Scored) {
         self.field = self.field.max(other.field);
         self.r = self.r.max(other.r);
         self.provenance.merge(&other.provenance);
         self.queries_only &= other.queries_only;
+        for t in &other.info.focus {
+            if !self.info.focus.contains(t) {
+                self.info.focus.push(*t);
+            }
+        }
+        self.info.focus.sort_unstable();
     }
 }
 

@@ -46,6 +46,13 @@ pub struct EvidenceItem {
     pub entities: Vec<String>,
     /// Turn indices (records: evidence turns; snippets: the turns shown).
     pub turns: Vec<u32>,
+    /// Snippets: each shown turn's `speaker: text`, parallel to `turns`. Empty for records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dialogue: Vec<String>,
+    /// Snippets: the turns the item was retrieved for (a raw-turn hit, a window's anchor turns);
+    /// the answer prompt keeps them whole when it has to shorten the snippet. May be empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub focus_turns: Vec<u32>,
 }
 
 /// What retrieval returns.
@@ -400,6 +407,8 @@ impl Retriever<'_> {
                     temporal: c.info.temporal,
                     entities: c.info.entities,
                     turns: c.info.turns,
+                    dialogue: c.info.dialogue,
+                    focus_turns: c.info.focus,
                 }
             })
             .collect();

@@ -594,11 +594,12 @@ fn resolve(
                 };
                 c.info.session = t.session.to_string();
                 c.info.session_date = session_date(&t.session)?;
-                c.info.text = turns
+                c.info.dialogue = turns
                     .iter()
                     .map(|t| format!("{}: {}", t.author(), t.text))
-                    .collect::<Vec<_>>()
-                    .join("\n");
+                    .collect();
+                c.info.text = c.info.dialogue.join("\n");
+                c.info.focus = vec![hit.index];
                 c.info.role = Some(match t.role {
                     Role::Assistant => SourceRole::Assistant,
                     _ => SourceRole::User,
@@ -759,12 +760,20 @@ fn add_windows(
             w.r = r;
             w.info.session = session.clone();
             w.info.session_date = anchors[who[0]].info.session_date.clone();
-            w.info.text = turns
+            w.info.dialogue = turns
                 .iter()
                 .map(|t| format!("{}: {}", t.author(), t.text))
-                .collect::<Vec<_>>()
-                .join("\n");
+                .collect();
+            w.info.text = w.info.dialogue.join("\n");
             w.info.turns = turns.iter().map(|t| t.index).collect();
+            let mut focus: Vec<u32> = who
+                .iter()
+                .flat_map(|&ai| anchors[ai].info.turns.iter().copied())
+                .filter(|t| (first.index..=last.index).contains(t))
+                .collect();
+            focus.sort_unstable();
+            focus.dedup();
+            w.info.focus = focus;
             w.provenance.channels.insert(Channel::SourceWindow);
             w.provenance.routes.insert(route_id.to_string());
             // A window is described by its own turns and text only: inheriting its anchors'
