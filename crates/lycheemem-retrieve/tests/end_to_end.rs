@@ -448,6 +448,10 @@ fn a_source_window_is_described_by_its_own_turns_not_by_its_anchor() {
             "{:?}",
             w.evidence.provenance.nodes
         );
+        // Its focus is its anchors' cited turns, inside it (the prompt trims around them).
+        assert!(!w.focus_turns.is_empty(), "{w:?}");
+        assert!(w.focus_turns.iter().all(|t| w.turns.contains(t)), "{w:?}");
+        assert_eq!(w.dialogue.len(), w.turns.len());
     }
 }
 
@@ -496,6 +500,61 @@ mod plan_replies {
             if let Ok(plan) = parse_plan(&text, "When did Ana move?", date, &cfg) {
                 prop_assert!(!plan.routes.is_empty());
             }
+        }
+    }
+}
+
+#[test]
+fn a_raw_turn_hit_is_shown_with_its_reply_and_keeps_it_as_its_focus() {
+    // Raw turns only, no windows: every evidence item is a raw-turn hit.
+    let mut cfg = RetrievalConfig::default();
+    cfg.planner = false;
+    cfg.channel_records = false;
+    cfg.channel_nodes = false;
+    cfg.channel_lexical = false;
+    cfg.channel_temporal = false;
+    cfg.window_anchors = 0;
+    let lines = |session: &str| -> Vec<String> {
+        let w = world();
+        let s = SessionId::new(session).unwrap();
+        w.store
+            .turn_range(&w.ns, &s, 0, u32::MAX)
+            .unwrap()
+            .iter()
+            .map(|t| format!("{}: {}", t.author(), t.text))
+            .collect()
+    };
+    for (before, after) in [(0u32, 1u32), (0, 0), (1, 0)] {
+        cfg.raw_turn_context_before = before;
+        cfg.raw_turn_context_after = after;
+        let (r, _) = search("What did Melanie paint?", None, &cfg);
+        assert!(!r.evidence.is_empty(), "{}", r.explain());
+        for e in &r.evidence {
+            assert!(e.memory_type.is_none(), "{}", r.explain());
+            let [hit] = e.focus_turns[..] else {
+                panic!("one focus turn: {e:?}")
+            };
+            let all = lines(&e.session);
+            let first = hit.saturating_sub(before);
+            let last = (hit + after).min(all.len() as u32 - 1);
+            assert_eq!(
+                e.turns,
+                (first..=last).collect::<Vec<_>>(),
+                "{before}/{after}"
+            );
+            let shown: Vec<String> = (first..=last).map(|i| all[i as usize].clone()).collect();
+            assert_eq!(e.dialogue, shown);
+            assert_eq!(e.evidence.text, shown.join("\n"));
+        }
+        if (before, after) == (0, 1) {
+            // Melanie's painting (s2 turn 1) comes with her next turn.
+            assert!(
+                r.evidence
+                    .iter()
+                    .any(|e| e.session == "s2" && e.turns == vec![1, 2]),
+                "{}",
+                r.explain()
+            );
         }
     }
 }
