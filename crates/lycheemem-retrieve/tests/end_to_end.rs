@@ -507,13 +507,15 @@ mod plan_replies {
 #[test]
 fn a_raw_turn_hit_is_shown_with_its_reply_and_keeps_it_as_its_focus() {
     // Raw turns only, no windows: every evidence item is a raw-turn hit.
-    let mut cfg = RetrievalConfig::default();
-    cfg.planner = false;
-    cfg.channel_records = false;
-    cfg.channel_nodes = false;
-    cfg.channel_lexical = false;
-    cfg.channel_temporal = false;
-    cfg.window_anchors = 0;
+    let mut cfg = RetrievalConfig {
+        planner: false,
+        channel_records: false,
+        channel_nodes: false,
+        channel_lexical: false,
+        channel_temporal: false,
+        window_anchors: 0,
+        ..Default::default()
+    };
     let lines = |session: &str| -> Vec<String> {
         let w = world();
         let s = SessionId::new(session).unwrap();
