@@ -27,6 +27,7 @@ use lycheemem_core::{
     SessionId, SourceRole, TemporalFilter, TurnRef,
 };
 use lycheemem_embed::Reranker;
+use lycheemem_store::rules::turn_search_text;
 use lycheemem_store::{ItemRef, RetrievalStore, Target, VectorQuery};
 use std::collections::{BTreeMap, HashMap};
 
@@ -594,10 +595,7 @@ fn resolve(
                 };
                 c.info.session = t.session.to_string();
                 c.info.session_date = session_date(&t.session)?;
-                c.info.dialogue = turns
-                    .iter()
-                    .map(|t| format!("{}: {}", t.author(), t.text))
-                    .collect();
+                c.info.dialogue = turns.iter().map(turn_search_text).collect();
                 c.info.text = c.info.dialogue.join("\n");
                 c.info.focus = vec![hit.index];
                 c.info.role = Some(match t.role {
@@ -760,10 +758,7 @@ fn add_windows(
             w.r = r;
             w.info.session = session.clone();
             w.info.session_date = anchors[who[0]].info.session_date.clone();
-            w.info.dialogue = turns
-                .iter()
-                .map(|t| format!("{}: {}", t.author(), t.text))
-                .collect();
+            w.info.dialogue = turns.iter().map(turn_search_text).collect();
             w.info.text = w.info.dialogue.join("\n");
             w.info.turns = turns.iter().map(|t| t.index).collect();
             let mut focus: Vec<u32> = who

@@ -523,7 +523,7 @@ fn a_raw_turn_hit_is_shown_with_its_reply_and_keeps_it_as_its_focus() {
             .turn_range(&w.ns, &s, 0, u32::MAX)
             .unwrap()
             .iter()
-            .map(|t| format!("{}: {}", t.author(), t.text))
+            .map(lycheemem_store::rules::turn_search_text)
             .collect()
     };
     for (before, after) in [(0u32, 1u32), (0, 0), (1, 0)] {
