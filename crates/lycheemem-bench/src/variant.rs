@@ -2,13 +2,13 @@
 //! construction ablations, its retrieval ablations, and two baselines that build no memory.
 
 use anyhow::{Result, bail};
-use lycheemem_core::Config;
-use lycheemem_core::config::{RecordStyle, SegmentPolicy};
+use lycheemem_core::config::{LicoMemoryConfig, LicoSummaryMode, RecordStyle, SegmentPolicy};
+use lycheemem_core::{Config, MemoryStrategy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Every variant name, in report order.
-pub const VARIANTS: [&str; 13] = [
+pub const VARIANTS: [&str; 17] = [
     "full",
     "eager",
     "fixed_window",
@@ -22,6 +22,10 @@ pub const VARIANTS: [&str; 13] = [
     "spec_selection",
     "naive_rag",
     "full_context",
+    "licomemory",
+    "licomemory_simple",
+    "licomemory_no_summary",
+    "licomemory_no_decay",
 ];
 
 /// How a variant answers.
@@ -61,6 +65,21 @@ impl Variant {
             "no_cross_segment_context" => config.encode.cross_segment_context = false,
             "record_vector_only" | "no_planner" | "no_fusion" | "no_rerank" | "no_lexical"
             | "spec_selection" => config.retrieval.apply_ablation(name)?,
+            // LiCoMemory: the paper's method with the authors' constants; their shipped
+            // settings (SimpleRank, whole-session summaries); and two ablations.
+            "licomemory" => config.strategy = MemoryStrategy::Licomemory,
+            "licomemory_simple" => {
+                config.strategy = MemoryStrategy::Licomemory;
+                config.licomemory = LicoMemoryConfig::authors_shipped();
+            }
+            "licomemory_no_summary" => {
+                config.strategy = MemoryStrategy::Licomemory;
+                config.licomemory.summary = LicoSummaryMode::Off;
+            }
+            "licomemory_no_decay" => {
+                config.strategy = MemoryStrategy::Licomemory;
+                config.licomemory.temporal_decay = false;
+            }
             other => bail!("unknown variant {other:?}; known: {}", VARIANTS.join(", ")),
         }
         Ok(Variant {
@@ -72,7 +91,14 @@ impl Variant {
 
     /// Whether questions need the planner LLM.
     pub fn plans(&self) -> bool {
-        self.kind == VariantKind::Memory && self.config.retrieval.planner
+        self.kind == VariantKind::Memory
+            && self.config.strategy == MemoryStrategy::Lycheemem
+            && self.config.retrieval.planner
+    }
+
+    /// Whether this is a LiCoMemory variant (its own search and answer prompt).
+    pub fn licomemory(&self) -> bool {
+        self.kind == VariantKind::Memory && self.config.strategy == MemoryStrategy::Licomemory
     }
 
     /// Hash of everything that shapes the constructed memory (embedder, encoder LLM,
@@ -88,7 +114,7 @@ pub const INGEST_PROTOCOL: u32 = 1;
 
 /// See [`Variant::construction_hash`].
 pub fn construction_hash(config: &Config) -> String {
-    let key = serde_json::json!({
+    let mut key = serde_json::json!({
         "protocol": INGEST_PROTOCOL,
         "embedder": config.models.embedder,
         "encode_llm": config.models.encode_llm,
@@ -97,6 +123,20 @@ pub fn construction_hash(config: &Config) -> String {
         "organize": config.organize,
         "store": store_key(config),
     });
+    // LiCoMemory's write path (only then, so LycheeMemory's hashes stay as they were).
+    if config.strategy == MemoryStrategy::Licomemory {
+        let l = &config.licomemory;
+        key["strategy"] = serde_json::json!(config.strategy.as_str());
+        key["licomemory_write"] = serde_json::json!({
+            "summary": l.summary,
+            "summary_max_keys": l.summary_max_keys,
+            "summary_words": l.summary_words,
+            "summary_session_chars": l.summary_session_chars,
+            "max_output_tokens": l.max_output_tokens,
+            "temperature": l.temperature,
+            "entity_merge_jaccard": l.entity_merge_jaccard,
+        });
+    }
     hex::encode(Sha256::digest(key.to_string().as_bytes()))[..12].to_string()
 }
 
@@ -155,6 +195,17 @@ mod tests {
         assert!(Variant::new("bogus", &base).is_err());
         for name in VARIANTS {
             Variant::new(name, &base).unwrap();
+        }
+        // LiCoMemory: the ranking ablation shares the paper method's construction; shipped
+        // settings and no summaries build their own; none plans.
+        let lico = Variant::new("licomemory", &base).unwrap();
+        assert!(lico.licomemory() && !lico.plans());
+        assert_ne!(lico.construction_hash(), full.construction_hash());
+        let no_decay = Variant::new("licomemory_no_decay", &base).unwrap();
+        assert_eq!(no_decay.construction_hash(), lico.construction_hash());
+        for name in ["licomemory_simple", "licomemory_no_summary"] {
+            let v = Variant::new(name, &base).unwrap();
+            assert_ne!(v.construction_hash(), lico.construction_hash(), "{name}");
         }
     }
 }

@@ -30,6 +30,163 @@ pub struct Config {
     pub store: StoreConfig,
     pub retrieval: RetrievalConfig,
     pub answer: AnswerConfig,
+    /// Which memory design builds and searches the memory (`strategy = "lycheemem"` or
+    /// `"licomemory"`). Both share the models, the store and every command; a namespace is
+    /// built by one of them (docs/licomemory.md).
+    pub strategy: MemoryStrategy,
+    /// LiCoMemory (CogniGraph): every constant of its write and read paths, as the authors'
+    /// public code sets them (docs/licomemory.md). Read only with `strategy = "licomemory"`.
+    pub licomemory: LicoMemoryConfig,
+}
+
+/// The memory designs the engine runs (`strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryStrategy {
+    /// LycheeMemory V2: semantic segments, one encoder call per segment, planned multi-route
+    /// retrieval (docs/algorithm.md).
+    #[default]
+    Lycheemem,
+    /// LiCoMemory: per-chunk session summaries and entity-relation triples, CogniRank
+    /// retrieval (docs/licomemory.md).
+    Licomemory,
+}
+
+impl MemoryStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemoryStrategy::Lycheemem => "lycheemem",
+            MemoryStrategy::Licomemory => "licomemory",
+        }
+    }
+}
+
+/// How LiCoMemory keeps its session summaries (`licomemory.summary`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LicoSummaryMode {
+    /// The paper: created by a session's first chunk and updated by every later chunk (one
+    /// call per chunk).
+    #[default]
+    PerChunk,
+    /// The authors' shipped batch mode: one call summarizing the whole session when it is
+    /// flushed.
+    PerSession,
+    /// No summaries (the `licomemory_no_summary` ablation): session relevance is the floor.
+    Off,
+}
+
+/// LiCoMemory's constants (docs/licomemory.md; SPEC-licomemory §4). Defaults follow the paper's
+/// method with the authors' code constants: per-chunk summaries, CogniRank on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LicoMemoryConfig {
+    pub summary: LicoSummaryMode,
+    /// Keys a new summary may have (one of them the session date).
+    pub summary_max_keys: usize,
+    /// The summary length the prompt asks for, in words (low, high).
+    pub summary_words: (u32, u32),
+    /// `per_session` summaries: the session text shown to the call keeps this many characters
+    /// from its head and from its tail.
+    pub summary_session_chars: usize,
+    /// Output budget of every LiCoMemory LLM call (authors: 1000).
+    pub max_output_tokens: u32,
+    /// Temperature of the summary, extraction and query-entity calls (authors: 0.1).
+    pub temperature: f32,
+    /// Entities of one type whose lowercased word sets have Jaccard similarity at least this
+    /// are one entity (authors: 0.85).
+    pub entity_merge_jaccard: f64,
+    /// Anchor entities kept per question (`top_k`; authors' YAML 5).
+    pub anchor_entities: usize,
+    /// Nearest entities fetched per query entity before the anchor score is applied.
+    pub anchor_candidates: usize,
+    /// Anchor score `cosine_weight · cos + type_weight · [same type]` (authors: 0.7 / 0.3).
+    pub entity_cosine_weight: f32,
+    pub entity_type_weight: f32,
+    /// Pool pre-score bonus `rank_bonus · max(1/(r_src+1), 1/(r_tgt+1))` (authors: 0.2); an
+    /// end that is not an anchor has rank `anchor_entities`.
+    pub rank_bonus: f32,
+    /// Candidate pool size `max(pool_factor · top_triples, pool_min)` (authors: 2, 20).
+    pub pool_factor: usize,
+    pub pool_min: usize,
+    /// Session relevance: mean of this many best query-entity × key cosines (authors: 3).
+    pub session_key_top: usize,
+    /// Without query entities, the question's words of at least this many letters stand in.
+    pub query_word_min_len: usize,
+    /// Session summaries put in the answer prompt (authors' YAML 1).
+    pub top_summaries: usize,
+    /// `S_sem = summary_weight · Ss + (1 − summary_weight) · St` (authors' YAML 0.2).
+    pub summary_weight: f32,
+    /// CogniRank: a session relevance of 0 (or none) counts as this (authors: 0.01).
+    pub session_score_floor: f32,
+    /// CogniRank (the paper: `S_sem` times a Weibull decay of the gap between the question's
+    /// and the triple's dates); off = the authors' shipped SimpleRank `(1 − w)·St + w·Ss`.
+    pub cogni_rank: bool,
+    /// CogniRank's Weibull decay; off = `S_sem` alone (the `licomemory_no_decay` ablation).
+    pub temporal_decay: bool,
+    /// Weibull shape `k` of the decay `exp(-(Δτ/τ̂)^k)` (authors' YAML 0.1); the scale τ̂ is
+    /// the median gap over the pool, at least `decay_scale_floor_days`.
+    pub weibull_shape: f64,
+    pub decay_scale_floor_days: f64,
+    /// Triples kept after reranking and shown to the answerer (authors' YAML 20).
+    pub top_triples: usize,
+    /// Chunks collected from the ranked triples (authors' YAML 15).
+    pub top_chunks: usize,
+    /// Chunks are shown with their session date (`enable_sessiontime`).
+    pub chunk_session_date: bool,
+    /// Chunks are shown whole; off = only the user's turns (`enable_full`).
+    pub chunk_full: bool,
+}
+
+impl Default for LicoMemoryConfig {
+    fn default() -> Self {
+        LicoMemoryConfig {
+            summary: LicoSummaryMode::PerChunk,
+            summary_max_keys: 5,
+            summary_words: (150, 220),
+            summary_session_chars: 6000,
+            max_output_tokens: 1000,
+            temperature: 0.1,
+            entity_merge_jaccard: 0.85,
+            anchor_entities: 5,
+            anchor_candidates: 64,
+            entity_cosine_weight: 0.7,
+            entity_type_weight: 0.3,
+            rank_bonus: 0.2,
+            pool_factor: 2,
+            pool_min: 20,
+            session_key_top: 3,
+            query_word_min_len: 3,
+            top_summaries: 1,
+            summary_weight: 0.2,
+            session_score_floor: 0.01,
+            cogni_rank: true,
+            temporal_decay: true,
+            weibull_shape: 0.1,
+            decay_scale_floor_days: 1.0,
+            top_triples: 20,
+            top_chunks: 15,
+            chunk_session_date: true,
+            chunk_full: true,
+        }
+    }
+}
+
+impl LicoMemoryConfig {
+    /// The authors' shipped settings: SimpleRank (CogniRank off) and one summary per whole
+    /// session (the `licomemory_simple` variant).
+    pub fn authors_shipped() -> LicoMemoryConfig {
+        LicoMemoryConfig {
+            summary: LicoSummaryMode::PerSession,
+            cogni_rank: false,
+            ..LicoMemoryConfig::default()
+        }
+    }
+
+    /// The candidate pool size: `max(pool_factor · top_triples, pool_min)`.
+    pub fn pool_size(&self) -> usize {
+        (self.pool_factor * self.top_triples).max(self.pool_min)
+    }
 }
 
 impl Config {
@@ -108,6 +265,25 @@ impl Config {
         if self.encode.reference_note_chars > self.encode.reference_context_chars {
             return Err(Error::Config(
                 "encode.reference_note_chars must not exceed encode.reference_context_chars".into(),
+            ));
+        }
+        let l = &self.licomemory;
+        if !(0.0..=1.0).contains(&l.entity_merge_jaccard)
+            || !(0.0..=1.0).contains(&l.summary_weight)
+            || l.weibull_shape.is_nan()
+            || l.weibull_shape <= 0.0
+            || l.decay_scale_floor_days.is_nan()
+            || l.decay_scale_floor_days <= 0.0
+            || l.anchor_entities == 0
+            || l.top_triples == 0
+            || l.top_chunks == 0
+            || l.session_key_top == 0
+        {
+            return Err(Error::Config(
+                "licomemory: entity_merge_jaccard and summary_weight must lie in [0, 1], \
+                 weibull_shape and decay_scale_floor_days must be positive, and \
+                 anchor_entities, top_triples, top_chunks and session_key_top at least 1"
+                    .into(),
             ));
         }
         let r = &self.retrieval;

@@ -74,6 +74,16 @@ pub struct SearchResult {
     /// With [`SearchRequest::trace`]: the candidates selection did not choose, best final score
     /// first, with the reason; empty otherwise.
     pub dropped: Vec<DroppedItem>,
+    /// Context a memory strategy shows the answerer besides the evidence items (LiCoMemory:
+    /// its session summaries and triples); empty for LycheeMemory.
+    pub context: Vec<ContextBlock>,
+}
+
+/// A titled block of context lines (e.g. a session summary, or the ranked triples).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextBlock {
+    pub title: String,
+    pub lines: Vec<String>,
 }
 
 /// What the stage accounting counts of an item: the turns it shows or cites and its tokens.
@@ -154,6 +164,15 @@ fn candidate_stages(lists: &[(String, Vec<candidate::Scored>)]) -> Vec<Stage> {
 }
 
 impl SearchResult {
+    /// Milliseconds spent after planning (the sum of every timed stage but `plan`).
+    pub fn retrieval_ms(&self) -> f64 {
+        self.timings
+            .iter()
+            .filter(|(k, _)| **k != "plan")
+            .map(|(_, v)| v)
+            .sum()
+    }
+
     /// A human-readable account of the plan and of why each item was chosen.
     pub fn explain(&self) -> String {
         let mut out = format!(
@@ -421,6 +440,7 @@ impl Retriever<'_> {
             timings,
             stages,
             dropped,
+            context: Vec::new(),
         })
     }
 }

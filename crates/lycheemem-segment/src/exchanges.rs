@@ -14,6 +14,9 @@ pub enum ExchangeMode {
     Chat,
     /// Every turn is its own exchange, keeping its speaker (LoCoMo-style logs).
     PerTurn,
+    /// Two consecutive turns make one exchange, whoever speaks (LiCoMemory's dialogue chunk of
+    /// a two-speaker log).
+    TurnPairs,
 }
 
 /// The turns of one exchange as `(index, author, text)`.
@@ -66,6 +69,7 @@ impl ExchangeBuilder {
     pub fn push(&mut self, turn: &Turn) -> Option<PendingExchange> {
         let starts_new = match self.mode {
             ExchangeMode::PerTurn => true,
+            ExchangeMode::TurnPairs => self.pending.turns.len() >= 2,
             ExchangeMode::Chat => turn.role == Role::User,
         };
         let closed = (starts_new && !self.pending.turns.is_empty())
@@ -100,6 +104,26 @@ mod tests {
             text: text.into(),
             time: None,
         }
+    }
+
+    #[test]
+    fn turn_pairs_close_every_second_turn() {
+        let mut b = ExchangeBuilder::new(ExchangeMode::TurnPairs);
+        let closed: Vec<Vec<u32>> = (0..5)
+            .map(|i| {
+                turn(
+                    i,
+                    Role::User,
+                    Some(if i % 2 == 0 { "A" } else { "B" }),
+                    "hi",
+                )
+            })
+            .filter_map(|t| b.push(&t))
+            .map(|e| e.turns.iter().map(|t| t.0).collect())
+            .collect();
+        assert_eq!(closed, [vec![0, 1], vec![2, 3]]);
+        let rest: Vec<u32> = b.finish().unwrap().turns.iter().map(|t| t.0).collect();
+        assert_eq!(rest, [4]);
     }
 
     #[test]

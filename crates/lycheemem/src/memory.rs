@@ -9,11 +9,14 @@
 //! anywhere resumes exactly where the last commit left off, and ingesting a conversation in
 //! pieces across restarts yields the same segments and records as one uninterrupted run.
 
+use lycheemem_core::config::{LicoSummaryMode, SegmentPolicy};
+use lycheemem_core::{Cancel, MemoryStrategy};
 use lycheemem_core::{
     Config, Error, Namespace, Purpose, Result, Role, Segment, SessionId, TokenUsage, Turn,
     UsageTotals,
 };
 use lycheemem_encode::{SegmentEncoder, encode_segment, organize_segment};
+use lycheemem_licomemory::{ChunkWriter, LicoRequest, LicoRetriever, SUMMARY_STATE};
 use lycheemem_retrieve::{EvidenceItem, Retriever, SearchRequest, SearchResult};
 use lycheemem_segment::{
     ExchangeBuilder, ExchangeInput, ExchangeMode, PendingExchange, Segmenter, SegmenterState,
@@ -21,7 +24,7 @@ use lycheemem_segment::{
 use lycheemem_store::prelude::*;
 use lycheemem_store::{
     DeleteReceipt, ExportOptions, ImportReceipt, ItemRef, LockGuard, LockScope, NamespaceStats,
-    SessionInfo, Store, StoreOptions,
+    SegmentOutcome, SessionInfo, Store, StoreOptions,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet, VecDeque};
@@ -208,6 +211,8 @@ pub struct Memory {
     config: Config,
     components: Components,
     encoder: SegmentEncoder,
+    /// LiCoMemory's write-path calls (`strategy = "licomemory"`).
+    chunk_writer: ChunkWriter,
     segmenter: Segmenter,
     /// Serializes turn appends (index allocation). Locks are taken in the order of these
     /// fields: `append`, `derived`, a session's lock, `commit`.
@@ -279,13 +284,22 @@ impl Memory {
         config: Config,
         components: Components,
     ) -> Result<Memory> {
+        check_strategy(store.as_ref(), config.strategy)?;
         let encoder = SegmentEncoder::new(components.encode_llm.clone(), config.encode.clone());
-        let segmenter = Segmenter::new(config.segment.clone());
+        let chunk_writer =
+            ChunkWriter::new(components.encode_llm.clone(), config.licomemory.clone());
+        let mut segment = config.segment.clone();
+        if config.strategy == MemoryStrategy::Licomemory {
+            // LiCoMemory's chunk is one exchange (two consecutive turns of a two-speaker log).
+            segment.policy = SegmentPolicy::PerExchange;
+        }
+        let segmenter = Segmenter::new(segment);
         Ok(Memory {
             store,
             config,
             components,
             encoder,
+            chunk_writer,
             segmenter,
             append: Mutex::new(()),
             derived: RwLock::new(()),
@@ -630,9 +644,13 @@ impl Memory {
         if state.next_turn == 0
             && let Some(first) = turns.first()
         {
-            // Two-speaker logs (named speakers) make every turn its own exchange.
+            // Two-speaker logs (named speakers) make every turn its own exchange (LiCoMemory:
+            // every two turns one chunk).
             let mode = if first.speaker.is_some() {
-                ExchangeMode::PerTurn
+                match self.config.strategy {
+                    MemoryStrategy::Lycheemem => ExchangeMode::PerTurn,
+                    MemoryStrategy::Licomemory => ExchangeMode::TurnPairs,
+                }
             } else {
                 ExchangeMode::Chat
             };
@@ -707,6 +725,12 @@ impl Memory {
             state.finalized.push_back(seg);
             self.commit_finalized(ns, &mut state, &mut receipt)?;
         }
+        if flush
+            && self.config.strategy == MemoryStrategy::Licomemory
+            && self.config.licomemory.summary == LicoSummaryMode::PerSession
+        {
+            receipt.merge(self.summarize_session(ns, session)?);
+        }
         self.store
             .put_state(ns, session, INGEST_STATE, &Self::state_value(&state)?)?;
         Ok(receipt)
@@ -726,12 +750,93 @@ impl Memory {
         Ok(())
     }
 
+    /// LiCoMemory's `per_session` summary: one call over the whole session at its flush; the
+    /// summary (with its key vectors) and the call's usage are stored.
+    fn summarize_session(&self, ns: &Namespace, session: &SessionId) -> Result<IngestReceipt> {
+        let (summary, usage, failure) = self.chunk_writer.summarize_session(
+            self.store.as_ref(),
+            ns,
+            session,
+            &Cancel::default(),
+        )?;
+        if let Some(s) = summary {
+            let value = lycheemem_licomemory::summary_state(s, self.components.embedder.as_ref())?;
+            self.store.put_state(ns, session, SUMMARY_STATE, &value)?;
+        }
+        if let Some(why) = failure {
+            tracing::warn!("session {session}: {why}");
+        }
+        if !usage.is_empty() {
+            self.store.log_usage(ns, &usage)?;
+        }
+        Ok(IngestReceipt {
+            encode_calls: usage.len() as u64,
+            encode_tokens: usage
+                .iter()
+                .map(|u| u.prompt_tokens + u.completion_tokens)
+                .sum(),
+            ..IngestReceipt::default()
+        })
+    }
+
+    /// LiCoMemory's chunk write: its calls outside the commit lock, the merge with the stored
+    /// graph and the commit under it.
+    fn extract_and_commit(
+        &self,
+        ns: &Namespace,
+        segment: &Segment,
+        state: &IngestState,
+    ) -> Result<IngestReceipt> {
+        let extraction =
+            self.chunk_writer
+                .extract(self.store.as_ref(), ns, segment, &Cancel::default())?;
+        let (failure, calls) = (extraction.failure.clone(), extraction.calls);
+        let tokens: u64 = extraction
+            .usage
+            .iter()
+            .map(|u| u.prompt_tokens + u.completion_tokens)
+            .sum();
+        let state_value = Self::state_value(state)?;
+        let _commit = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        let _store_commit = self.store.lock(LockScope::Commit(ns))?;
+        let mut write = lycheemem_licomemory::organize_chunk(
+            extraction,
+            self.components.embedder.as_ref(),
+            self.store.as_ref(),
+            ns,
+            &self.config.licomemory,
+        )?;
+        write.state.push((
+            segment.session.clone(),
+            INGEST_STATE.to_string(),
+            state_value,
+        ));
+        let records = write.records.len();
+        let failed = matches!(write.outcome, SegmentOutcome::Failed { .. });
+        self.store.commit_segment(ns, write)?;
+        Ok(IngestReceipt {
+            segments: vec![SegmentSummary {
+                segment: segment.clone(),
+                records,
+                failure,
+            }],
+            records: records as u64,
+            failed_segments: u64::from(failed),
+            encode_calls: u64::from(calls),
+            encode_tokens: tokens,
+            ..IngestReceipt::default()
+        })
+    }
+
     fn encode_and_commit(
         &self,
         ns: &Namespace,
         segment: &Segment,
         state: &IngestState,
     ) -> Result<IngestReceipt> {
+        if self.config.strategy == MemoryStrategy::Licomemory {
+            return self.extract_and_commit(ns, segment, state);
+        }
         // The LLM call runs outside the commit lock, so other sessions' segments are encoded
         // meanwhile; the node merge and the commit are one step under it.
         let encoded = encode_segment(&self.encoder, self.store.as_ref(), ns, segment)?;
@@ -788,6 +893,27 @@ impl Memory {
         opts: &QueryOptions,
     ) -> Result<SearchResult> {
         self.require_namespace(ns)?;
+        if self.config.strategy == MemoryStrategy::Licomemory {
+            let retriever = LicoRetriever {
+                store: self.store.as_ref(),
+                embedder: self.components.embedder.as_ref(),
+                llm: Some(self.components.plan_llm.as_ref()),
+                cfg: &self.config.licomemory,
+            };
+            let result = retriever.search(
+                ns,
+                &LicoRequest {
+                    question,
+                    reference_date: opts.reference_date.as_deref(),
+                    analysis: None,
+                    cancel: opts.cancel.clone(),
+                },
+            )?;
+            if !result.usage.is_empty() {
+                self.store.log_usage(ns, &result.usage)?;
+            }
+            return Ok(result);
+        }
         let retriever = Retriever {
             store: self.store.as_ref(),
             embedder: self.components.embedder.as_ref(),
@@ -814,14 +940,25 @@ impl Memory {
     /// Answers a question from memory: search, then one answer call. Both calls are logged.
     pub fn answer(&self, ns: &Namespace, question: &str, opts: &QueryOptions) -> Result<Answer> {
         let search = self.search(ns, question, opts)?;
-        let reply = lycheemem_retrieve::answer(
-            self.components.answer_llm.as_ref(),
-            question,
-            opts.reference_date.as_deref(),
-            &search.evidence,
-            &self.config.answer,
-            &opts.cancel,
-        )?;
+        let reply = match self.config.strategy {
+            MemoryStrategy::Lycheemem => lycheemem_retrieve::answer(
+                self.components.answer_llm.as_ref(),
+                question,
+                opts.reference_date.as_deref(),
+                &search.evidence,
+                &self.config.answer,
+                &opts.cancel,
+            )?,
+            MemoryStrategy::Licomemory => lycheemem_licomemory::answer(
+                self.components.answer_llm.as_ref(),
+                question,
+                opts.reference_date.as_deref(),
+                &search,
+                &self.config.licomemory,
+                &self.config.answer,
+                &opts.cancel,
+            )?,
+        };
         self.store
             .log_usage(ns, std::slice::from_ref(&reply.usage))?;
         let mut usage = search.usage.clone();
@@ -840,6 +977,31 @@ impl Memory {
             let pending = self.store.pending_vectors(ns, 256)?;
             if pending.is_empty() {
                 return Ok(done);
+            }
+            let mut pending = pending;
+            if self.config.strategy == MemoryStrategy::Licomemory {
+                // LiCoMemory embeds an entity as its label (`name (type)`), not with the texts
+                // of the triples it links.
+                let ids: Vec<String> = pending
+                    .iter()
+                    .filter_map(|(i, _)| match i {
+                        ItemRef::Node(id) => Some(id.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                let labels: std::collections::HashMap<String, String> = self
+                    .store
+                    .nodes(ns, &ids)?
+                    .into_iter()
+                    .map(|n| (n.node_id, n.label))
+                    .collect();
+                for (item, text) in &mut pending {
+                    if let ItemRef::Node(id) = item
+                        && let Some(label) = labels.get(id)
+                    {
+                        text.clone_from(label);
+                    }
+                }
             }
             let texts: Vec<&str> = pending.iter().map(|(_, t)| t.as_str()).collect();
             let vectors = self.components.embedder.embed(&texts)?;
@@ -994,6 +1156,36 @@ impl Memory {
             exchanges,
         })
     }
+}
+
+/// The store setting naming the strategy a store was built with.
+pub const STRATEGY_SETTING: &str = "memory_strategy";
+
+/// Refuses to open a store with a strategy other than the one it was built with (a store that
+/// never named one was built by LycheeMemory); a new, empty store records a non-default one.
+fn check_strategy(store: &dyn MemoryStore, strategy: MemoryStrategy) -> Result<()> {
+    let built = match store.setting(STRATEGY_SETTING)? {
+        Some((v, _)) => v.as_str().unwrap_or_default().to_string(),
+        None if strategy == MemoryStrategy::Lycheemem || !store.namespaces()?.is_empty() => {
+            MemoryStrategy::Lycheemem.as_str().to_string()
+        }
+        None => {
+            store.put_setting(
+                STRATEGY_SETTING,
+                &serde_json::Value::from(strategy.as_str()),
+                Some(0),
+            )?;
+            strategy.as_str().to_string()
+        }
+    };
+    if built != strategy.as_str() {
+        return Err(Error::Config(format!(
+            "this store was built with strategy = \"{built}\"; open it with that strategy \
+             (it is configured as \"{}\")",
+            strategy.as_str()
+        )));
+    }
+    Ok(())
 }
 
 /// Construction cost of a namespace (docs/algorithm.md, "Cost and token accounting").

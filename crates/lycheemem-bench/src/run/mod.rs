@@ -15,7 +15,7 @@ use lycheemem_core::{
     CandidateTarget, Config, Namespace, Plan, Purpose, TokenUsage, estimate_tokens,
 };
 use lycheemem_llm::Llm;
-use lycheemem_retrieve::{Retriever, SearchRequest};
+use lycheemem_retrieve::{Retriever, SearchRequest, SearchResult};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

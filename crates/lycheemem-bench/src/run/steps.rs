@@ -471,7 +471,18 @@ pub(super) fn evaluate(
     let q = &item.questions[j];
     let started = Instant::now();
     let mut config = v.config.clone();
+    let mut lico_result: Option<SearchResult> = None;
     let (evidence, mut p) = match v.kind {
+        VariantKind::Memory if v.licomemory() => {
+            let (memory, ns) = opened
+                .memories
+                .get(&(i, ctx.construction_hashes[vi].clone()))
+                .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
+            let (result, p) = search_licomemory(ctx, v, item, q, memory, ns)?;
+            let evidence = result.evidence.clone();
+            lico_result = Some(result);
+            (evidence, p)
+        }
         VariantKind::Memory => {
             let (memory, ns) = opened
                 .memories
@@ -524,12 +535,54 @@ pub(super) fn evaluate(
         &mut p,
         ctx.dataset.kind,
         q,
-        &evidence,
+        match &lico_result {
+            Some(result) => Retrieved::Licomemory(result),
+            None => Retrieved::Evidence(&evidence),
+        },
         &config,
         ctx.spec,
         ctx.backends,
     )?;
     Ok(p)
+}
+
+/// A LiCoMemory variant's retrieval for one question: its query-entity call (counted as the
+/// question's planning tokens), then its chunks, triples and summary.
+pub(super) fn search_licomemory(
+    ctx: &RunContext,
+    v: &Variant,
+    item: &Item,
+    q: &Question,
+    memory: &Memory,
+    ns: &Namespace,
+) -> Result<(SearchResult, Prediction)> {
+    let retriever = lycheemem_licomemory::LicoRetriever {
+        store: memory.store(),
+        embedder: ctx.comps.embedder.as_ref(),
+        llm: Some(ctx.comps.plan_llm.as_ref()),
+        cfg: &v.config.licomemory,
+    };
+    let result = retriever.search(
+        ns,
+        &lycheemem_licomemory::LicoRequest {
+            question: &q.question,
+            reference_date: q.date.as_deref(),
+            analysis: None,
+            cancel: Default::default(),
+        },
+    )?;
+    let mut p = base_prediction(v, item, q, &result.evidence, result.retrieval_ms());
+    // The summary and triples are in the prompt too.
+    p.context_tokens += result
+        .context
+        .iter()
+        .flat_map(|b| &b.lines)
+        .map(|l| u64::from(estimate_tokens(l)))
+        .sum::<u64>();
+    p.plan_tokens = result.usage.iter().map(tokens).sum();
+    p.llm_calls += result.usage.len() as u32;
+    p.plan_fallback.clone_from(&result.plan_fallback);
+    Ok((result, p))
 }
 
 /// A memory variant's retrieval for one question, with the logged plan (or none when the
@@ -562,13 +615,7 @@ pub(super) fn search_memory(
             cancel: Default::default(),
         },
     )?;
-    let retrieval_ms: f64 = result
-        .timings
-        .iter()
-        .filter(|(k, _)| **k != "plan")
-        .map(|(_, v)| v)
-        .sum();
-    let mut p = base_prediction(v, item, q, &result.evidence, retrieval_ms);
+    let mut p = base_prediction(v, item, q, &result.evidence, result.retrieval_ms());
     p.stages = stage_scores(q, &result.stages);
     if let Some(c) = cached_plan {
         p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
@@ -635,12 +682,20 @@ pub(super) fn base_prediction(
     }
 }
 
+/// What a question's answer prompt is built from.
+pub(super) enum Retrieved<'a> {
+    /// Evidence items (LycheeMemory, the baselines).
+    Evidence(&'a [EvidenceItem]),
+    /// A LiCoMemory result: its chunks, summaries and triples.
+    Licomemory(&'a SearchResult),
+}
+
 /// Answers and judges (unless retrieval-only).
 pub(super) fn finish(
     p: &mut Prediction,
     kind: DatasetKind,
     q: &Question,
-    evidence: &[EvidenceItem],
+    retrieved: Retrieved<'_>,
     config: &Config,
     spec: &RunSpec,
     backends: &Backends,
@@ -649,14 +704,26 @@ pub(super) fn finish(
         return Ok(());
     }
     let clock = Instant::now();
-    let reply = lycheemem_retrieve::answer(
-        backends.components.answer_llm.as_ref(),
-        &q.question,
-        q.date.as_deref(),
-        evidence,
-        &config.answer,
-        &Default::default(),
-    )?;
+    let llm = backends.components.answer_llm.as_ref();
+    let reply = match retrieved {
+        Retrieved::Licomemory(result) => lycheemem_licomemory::answer(
+            llm,
+            &q.question,
+            q.date.as_deref(),
+            result,
+            &config.licomemory,
+            &config.answer,
+            &Default::default(),
+        )?,
+        Retrieved::Evidence(evidence) => lycheemem_retrieve::answer(
+            llm,
+            &q.question,
+            q.date.as_deref(),
+            evidence,
+            &config.answer,
+            &Default::default(),
+        )?,
+    };
     p.answer_ms = clock.elapsed().as_secs_f64() * 1e3;
     p.answer_tokens = tokens(&reply.usage);
     p.llm_calls += 1;
