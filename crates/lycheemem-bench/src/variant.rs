@@ -133,6 +133,9 @@ pub fn construction_hash(config: &Config) -> String {
             "summary_words": l.summary_words,
             "summary_session_chars": l.summary_session_chars,
             "max_output_tokens": l.max_output_tokens,
+            "max_entities_per_chunk": l.max_entities_per_chunk,
+            "max_relations_per_chunk": l.max_relations_per_chunk,
+            "max_themes": l.max_themes,
             "temperature": l.temperature,
             "entity_merge_jaccard": l.entity_merge_jaccard,
         });

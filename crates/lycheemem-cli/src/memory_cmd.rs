@@ -318,6 +318,12 @@ fn sanitize(s: &str) -> String {
 }
 
 pub fn print_evidence(result: &SearchResult) {
+    for block in &result.context {
+        println!("  {}:", block.title);
+        for line in &block.lines {
+            println!("    {line}");
+        }
+    }
     for (i, e) in result.evidence.iter().enumerate() {
         let date = e.session_date.as_deref().unwrap_or("?");
         match e.memory_type {

@@ -91,6 +91,14 @@ pub struct LicoMemoryConfig {
     pub summary_session_chars: usize,
     /// Output budget of every LiCoMemory LLM call (authors: 1000).
     pub max_output_tokens: u32,
+    /// Most entities and most relations one extraction call may return, and most themes a
+    /// summary may hold: bounds of the JSON schemas (the authors' text format has none) that
+    /// keep a reply inside `max_output_tokens`.
+    pub max_entities_per_chunk: usize,
+    pub max_relations_per_chunk: usize,
+    pub max_themes: usize,
+    /// Most entities one question may name.
+    pub max_query_entities: usize,
     /// Temperature of the summary, extraction and query-entity calls (authors: 0.1).
     pub temperature: f32,
     /// Entities of one type whose lowercased word sets have Jaccard similarity at least this
@@ -146,6 +154,10 @@ impl Default for LicoMemoryConfig {
             summary_words: (150, 220),
             summary_session_chars: 6000,
             max_output_tokens: 1000,
+            max_entities_per_chunk: 16,
+            max_relations_per_chunk: 16,
+            max_themes: 12,
+            max_query_entities: 8,
             temperature: 0.1,
             entity_merge_jaccard: 0.85,
             anchor_entities: 5,

@@ -15,16 +15,13 @@ use lycheemem_llm::{ChatMessage, GenerateOptions, Llm};
 use lycheemem_retrieve::{ContextBlock, EvidenceItem, SearchResult};
 use lycheemem_store::{ItemRef, MemoryStore, SegmentRow, Target, VectorQuery};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 
 use crate::graph::{Entity, EntityType, entity_label, node_entity};
 use crate::rank;
 use crate::write::{SessionSummary, call_json, dialogue_lines, slash_date};
 use crate::{prompts, schema};
-
-/// Most entities one question may name.
-const MAX_QUERY_ENTITIES: usize = 8;
 
 #[derive(Debug, Deserialize)]
 struct QueryEntity {
@@ -66,7 +63,7 @@ pub fn query_entities(
     let options = GenerateOptions {
         max_tokens: cfg.max_output_tokens.max(1),
         temperature: cfg.temperature,
-        json_schema: Some(schema::query_entities_schema(MAX_QUERY_ENTITIES)),
+        json_schema: Some(schema::query_entities_schema(cfg.max_query_entities)),
         cancel: cancel.clone(),
         ..Default::default()
     };
@@ -127,6 +124,8 @@ pub struct LicoRetriever<'a> {
 /// A triple in the pool: its records (one per session that stated it).
 struct PooledTriple {
     text: String,
+    /// `(src, rel, tgt)` as the answer prompt shows it.
+    line: String,
     records: Vec<Record>,
     /// cos(question, triple).
     cos: f32,
@@ -162,12 +161,18 @@ impl LicoRetriever<'_> {
         req: &LicoRequest<'_>,
     ) -> Result<SearchResult> {
         let cfg = self.cfg;
+        // A question without a date is asked today (the decay and relative dates need one).
+        let today = chrono::Utc::now()
+            .date_naive()
+            .format("%Y-%m-%d")
+            .to_string();
+        let question_date = Some(req.reference_date.unwrap_or(&today));
         let mut timings: BTreeMap<&'static str, f64> = BTreeMap::new();
         let clock = Instant::now();
         let analysis = match (req.analysis, self.llm) {
             (Some(a), _) => a.clone(),
             (None, Some(llm)) => {
-                query_entities(llm, req.question, req.reference_date, cfg, &req.cancel)?
+                query_entities(llm, req.question, question_date, cfg, &req.cancel)?
             }
             (None, None) => QueryAnalysis {
                 entities: Vec::new(),
@@ -209,6 +214,7 @@ impl LicoRetriever<'_> {
                 .collect()
         };
         let mut candidates: Vec<String> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
         for (v, _) in &queries {
             let hits = self.store.vector_search(
                 ns,
@@ -220,7 +226,7 @@ impl LicoRetriever<'_> {
             )?;
             for h in hits {
                 if let ItemRef::Node(id) = h.item
-                    && !candidates.contains(&id)
+                    && seen.insert(id.clone())
                 {
                     candidates.push(id);
                 }
@@ -259,9 +265,10 @@ impl LicoRetriever<'_> {
 
         // The pool: every triple touching an anchor, pre-scored, the best `pool_size` kept.
         let mut record_ids: Vec<String> = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::new();
         for n in &anchors {
             for id in &n.record_ids {
-                if !record_ids.contains(id) {
+                if seen.insert(id) {
                     record_ids.push(id.clone());
                 }
             }
@@ -283,8 +290,13 @@ impl LicoRetriever<'_> {
             };
             let pre = rank::pre_score(cos, rank_of(0), rank_of(1), cfg);
             let key = r.semantic_text.to_lowercase();
+            let line = match (r.entities.as_slice(), r.tags.first()) {
+                ([src, tgt], Some(rel)) => format!("({src}, {rel}, {tgt})"),
+                _ => format!("({})", r.semantic_text),
+            };
             let t = pool.entry(key).or_insert_with(|| PooledTriple {
                 text: r.semantic_text.clone(),
+                line,
                 records: Vec::new(),
                 cos,
                 pre,
@@ -317,21 +329,21 @@ impl LicoRetriever<'_> {
         let gaps: Vec<f64> = pool
             .iter()
             .flat_map(|t| &t.records)
-            .map(|r| rank::day_gap(req.reference_date, r.created_at.as_deref()).unwrap_or(0.0))
+            .map(|r| rank::day_gap(question_date, r.created_at.as_deref()).unwrap_or(0.0))
             .collect();
         let scale = rank::decay_scale(&gaps, cfg);
         for t in &mut pool {
             let mut best = f32::NEG_INFINITY;
             for r in &t.records {
                 let ss = ss_of.get(r.source_session.as_str()).copied().unwrap_or(0.0);
-                let gap = rank::day_gap(req.reference_date, r.created_at.as_deref()).unwrap_or(0.0);
+                let gap = rank::day_gap(question_date, r.created_at.as_deref()).unwrap_or(0.0);
                 best = best.max(rank::triple_score(t.cos, ss, gap, scale, cfg));
             }
             t.score = best;
             // The most relevant entry first: its chunks are collected first.
             t.records.sort_by(|a, b| {
                 let g = |r: &Record| {
-                    rank::day_gap(req.reference_date, r.created_at.as_deref()).unwrap_or(0.0)
+                    rank::day_gap(question_date, r.created_at.as_deref()).unwrap_or(0.0)
                 };
                 g(a).total_cmp(&g(b))
                     .then_with(|| a.record_id.cmp(&b.record_id))
@@ -389,11 +401,20 @@ impl LicoRetriever<'_> {
                 let d = self.store.session(ns, &c.session)?.and_then(|s| s.date);
                 dates.insert(c.session.clone(), d);
             }
-            let mut turns = self.store.turn_range(ns, &c.session, c.first, c.last)?;
-            if !cfg.chunk_full {
-                turns.retain(|t| t.role == Role::User);
-            }
+            let turns = self.store.turn_range(ns, &c.session, c.first, c.last)?;
             let dialogue = dialogue_lines(&turns);
+            // `chunk_full = false` shows only the user's turns; the item still cites them all.
+            let text = if cfg.chunk_full {
+                dialogue.join("\n")
+            } else {
+                turns
+                    .iter()
+                    .zip(&dialogue)
+                    .filter(|(t, _)| t.role == Role::User)
+                    .map(|(_, l)| l.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
             evidence.push(EvidenceItem {
                 evidence: Evidence {
                     target: CandidateTarget::Turns {
@@ -403,7 +424,7 @@ impl LicoRetriever<'_> {
                         },
                         last_index: c.last,
                     },
-                    text: dialogue.join("\n"),
+                    text,
                     best_route_score: c.score,
                     rrf: 0.0,
                     final_score: c.score,
@@ -434,13 +455,7 @@ impl LicoRetriever<'_> {
         if !pool.is_empty() {
             context.push(ContextBlock {
                 title: "Triples".into(),
-                lines: pool
-                    .iter()
-                    .map(|t| {
-                        let parts: Vec<&str> = t.text.splitn(3, " - ").collect();
-                        format!("({})", parts.join(", "))
-                    })
-                    .collect(),
+                lines: pool.iter().map(|t| t.line.clone()).collect(),
             });
         }
         timings.insert("fusion", clock.elapsed().as_secs_f64() * 1e3);

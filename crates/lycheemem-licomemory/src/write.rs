@@ -16,7 +16,7 @@ use lycheemem_llm::{ChatMessage, Completion, GenerateOptions, Llm};
 use lycheemem_store::{MemoryStore, SegmentOutcome, SegmentWrite, StoreLookup};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::graph::{
@@ -27,11 +27,6 @@ use crate::{prompts, schema};
 
 /// The per-session state entry holding a session's summary.
 pub const SUMMARY_STATE: &str = "licomemory.summary";
-
-/// Most themes a summary may hold.
-const MAX_THEMES: usize = 12;
-/// Most entities and relations one extraction call may return.
-const MAX_EXTRACTED: usize = 24;
 
 /// One theme of a session summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,6 +44,10 @@ pub struct SessionSummary {
     pub themes: Vec<Theme>,
     #[serde(default)]
     pub key_vectors: Vec<Vec<f32>>,
+    /// Turns of the session the summary covers (a whole-session summary is not made again
+    /// while the session has no more).
+    #[serde(default)]
+    pub turns: u32,
 }
 
 impl SessionSummary {
@@ -127,6 +126,8 @@ pub struct ChunkExtraction {
     pub summary: Option<SessionSummary>,
     pub entities: Vec<Entity>,
     pub triples: Vec<Triple>,
+    /// Lowercased names of relation ends the extraction did not list with a type.
+    pub untyped: Vec<String>,
     pub usage: Vec<TokenUsage>,
     pub calls: u32,
     /// Why the extraction (or the summary) failed; the raw turns stay stored either way.
@@ -200,10 +201,11 @@ fn parse_reply<T: serde::de::DeserializeOwned>(text: &str) -> std::result::Resul
 
 /// Clean summary fields: trimmed, non-empty, keys deduplicated case-insensitively.
 fn clean_summary(reply: SummaryReply, session: &SessionId, date: Option<&str>) -> SessionSummary {
+    // Keys as the authors read them: split on commas, trimmed, lowercased.
     let mut keys: Vec<String> = Vec::new();
-    for k in reply.keys {
-        let k = k.trim().to_string();
-        if !k.is_empty() && !keys.iter().any(|x| x.eq_ignore_ascii_case(&k)) {
+    for k in reply.keys.iter().flat_map(|k| k.split(',')) {
+        let k = k.trim().to_lowercase();
+        if !k.is_empty() && !keys.contains(&k) {
             keys.push(k);
         }
     }
@@ -221,6 +223,7 @@ fn clean_summary(reply: SummaryReply, session: &SessionId, date: Option<&str>) -
         keys,
         themes,
         key_vectors: Vec::new(),
+        turns: 0,
     }
 }
 
@@ -273,7 +276,10 @@ impl ChunkWriter {
             ),
         };
         let messages = [ChatMessage::system(system), ChatMessage::user(user)];
-        let options = self.options(schema::summary_schema(max_keys, MAX_THEMES), cancel);
+        let options = self.options(
+            schema::summary_schema(max_keys, self.cfg.max_themes),
+            cancel,
+        );
         Ok(call_json::<SummaryReply>(
             self.llm.as_ref(),
             &messages,
@@ -305,6 +311,7 @@ impl ChunkWriter {
             summary: None,
             entities: Vec::new(),
             triples: Vec::new(),
+            untyped: Vec::new(),
             usage: Vec::new(),
             calls: 0,
             failure: None,
@@ -322,7 +329,10 @@ impl ChunkWriter {
                 cancel,
                 &mut out.usage,
             )? {
-                Ok(s) => out.summary = Some(s),
+                Ok(mut s) => {
+                    s.turns = segment.last_turn + 1;
+                    out.summary = Some(s);
+                }
                 Err(why) => failures.push(format!("summary: {why}")),
             }
         }
@@ -336,7 +346,10 @@ impl ChunkWriter {
             ChatMessage::user(input.to_string()),
         ];
         let options = self.options(
-            schema::extraction_schema(MAX_EXTRACTED, MAX_EXTRACTED),
+            schema::extraction_schema(
+                self.cfg.max_entities_per_chunk,
+                self.cfg.max_relations_per_chunk,
+            ),
             cancel,
         );
         out.calls += 1;
@@ -348,9 +361,11 @@ impl ChunkWriter {
             &mut out.usage,
         )? {
             Ok(reply) => {
-                let (entities, triples) = read_extraction(reply, self.cfg.entity_merge_jaccard);
-                out.entities = entities;
-                out.triples = triples;
+                let got = read_extraction(reply, self.cfg.entity_merge_jaccard);
+                out.entities = got.entities;
+                out.triples = got.triples;
+                out.untyped = got.untyped.into_iter().collect();
+                out.untyped.sort();
             }
             Err(why) => {
                 out.extraction_failed = true;
@@ -363,7 +378,8 @@ impl ChunkWriter {
 
     /// `per_session` mode: one call summarizing a whole session (its text bounded to
     /// `summary_session_chars` from the head and from the tail). `None` when it failed (the
-    /// reason is returned) or the session has no turns.
+    /// reason is returned), or when the stored summary already covers every turn of the session (a
+    /// session flushed again is not summarized again).
     pub fn summarize_session(
         &self,
         store: &dyn MemoryStore,
@@ -376,7 +392,8 @@ impl ChunkWriter {
             .ok_or_else(|| Error::NotFound(format!("session {session} in namespace {ns}")))?;
         let turns = store.turns(ns, session)?;
         let mut usage = Vec::new();
-        if turns.is_empty() {
+        let covered = SessionSummary::load(store, ns, session)?.map_or(0, |s| s.turns);
+        if turns.is_empty() || covered as usize >= turns.len() {
             return Ok((None, usage, None));
         }
         let text = head_and_tail(
@@ -391,7 +408,10 @@ impl ChunkWriter {
             cancel,
             &mut usage,
         )? {
-            Ok(s) => Ok((Some(s), usage, None)),
+            Ok(mut s) => {
+                s.turns = turns.len() as u32;
+                Ok((Some(s), usage, None))
+            }
             Err(why) => Ok((None, usage, Some(format!("summary: {why}")))),
         }
     }
@@ -401,7 +421,7 @@ impl ChunkWriter {
 /// them, deduplicated on the lowercased (source, target, relation) with the higher strength
 /// kept. A relation end that is no listed entity becomes an entity of type concept; a relation
 /// from an entity to itself is dropped.
-fn read_extraction(reply: ExtractionReply, threshold: f64) -> (Vec<Entity>, Vec<Triple>) {
+fn read_extraction(reply: ExtractionReply, threshold: f64) -> Extracted {
     let mut entities: Vec<Entity> = Vec::new();
     let canonical = |e: Entity, entities: &mut Vec<Entity>| -> Entity {
         if let Some(found) = entities.iter().find(|x| same_entity(x, &e, threshold)) {
@@ -427,6 +447,7 @@ fn read_extraction(reply: ExtractionReply, threshold: f64) -> (Vec<Entity>, Vec<
         by_name.entry(name.to_lowercase()).or_insert(e);
     }
     let mut triples: BTreeMap<(String, String, String), Triple> = BTreeMap::new();
+    let mut untyped: HashSet<String> = HashSet::new();
     for r in reply.relations {
         let (src, tgt, rel) = (r.source.trim(), r.target.trim(), r.relation.trim());
         if src.is_empty() || tgt.is_empty() || rel.is_empty() {
@@ -436,6 +457,17 @@ fn read_extraction(reply: ExtractionReply, threshold: f64) -> (Vec<Entity>, Vec<
             match by_name.get(&name.to_lowercase()) {
                 Some(e) => e.clone(),
                 None => {
+                    // An end the model did not list: a listed entity with the same words, of
+                    // whatever type; else a new one, typed later from the stored graph.
+                    if let Some(e) = entities
+                        .iter()
+                        .find(|x| word_set(&x.name) == word_set(name))
+                        .cloned()
+                    {
+                        by_name.insert(name.to_lowercase(), e.clone());
+                        return e;
+                    }
+                    untyped.insert(name.to_lowercase());
                     let e = canonical(
                         Entity {
                             name: name.to_string(),
@@ -467,12 +499,26 @@ fn read_extraction(reply: ExtractionReply, threshold: f64) -> (Vec<Entity>, Vec<
         entry.strength = entry.strength.max(strength);
     }
     // Entities no relation touches are dropped (the authors delete isolated nodes).
-    let touched: Vec<String> = triples
+    let touched: HashSet<String> = triples
         .values()
         .flat_map(|t| [t.source.to_lowercase(), t.target.to_lowercase()])
         .collect();
     entities.retain(|e| touched.contains(&e.name.to_lowercase()));
-    (entities, triples.into_values().collect())
+    untyped.retain(|n| entities.iter().any(|e| e.name.to_lowercase() == *n));
+    Extracted {
+        entities,
+        triples: triples.into_values().collect(),
+        untyped,
+    }
+}
+
+/// What [`read_extraction`] keeps of a reply.
+struct Extracted {
+    entities: Vec<Entity>,
+    triples: Vec<Triple>,
+    /// Lowercased names of relation ends the model did not list (typed `concept` unless the
+    /// stored graph knows them under another type).
+    untyped: HashSet<String>,
 }
 
 /// A strength that is not a number 1–10 becomes 1.
@@ -505,7 +551,8 @@ fn stored_entity(
     // they reach the threshold t only when |A ∪ B| >= 1/(1 - t) and |A| >= t·|A ∪ B|: a name
     // of fewer than t/(1 - t) words (6 at 0.85) can only match its own key.
     let words = word_set(&e.name).len() as f64;
-    let scan = threshold < 1.0 && words + 1e-9 >= threshold * (1.0 / (1.0 - threshold)).ceil();
+    let min_union = (1.0 / (1.0 - threshold) - 1e-9).ceil();
+    let scan = threshold < 1.0 && words + 1e-9 >= threshold * min_union;
     if scan {
         let nodes = match all {
             Some(n) => n,
@@ -526,6 +573,25 @@ fn stored_entity(
         }
     }
     Ok(None)
+}
+
+/// A stored entity with the same words under any type (for a relation end the extraction did
+/// not type), in type order.
+fn stored_any_type(
+    store: &dyn MemoryStore,
+    ns: &Namespace,
+    e: &Entity,
+) -> Result<Option<EvidenceNode>> {
+    let ids: Vec<String> = EntityType::ALL
+        .iter()
+        .map(|&kind| {
+            entity_node_id(&Entity {
+                name: e.name.clone(),
+                kind,
+            })
+        })
+        .collect();
+    Ok(store.nodes(ns, &ids)?.into_iter().next())
 }
 
 /// Merges a chunk's extraction with the stored graph and embeds what it writes: the triples
@@ -552,14 +618,21 @@ pub fn organize_chunk(
     let mut nodes: BTreeMap<String, EvidenceNode> = BTreeMap::new();
     let mut canonical: HashMap<String, String> = HashMap::new(); // lowercased name -> node id
     for e in &ex.entities {
+        let untyped = ex.untyped.contains(&e.name.to_lowercase());
         let node = match nodes.get(&entity_node_id(e)) {
             Some(n) => n.clone(),
             None => match stored_entity(store, ns, e, cfg.entity_merge_jaccard, &mut all_nodes)? {
                 Some(n) => n,
+                None if untyped => {
+                    stored_any_type(store, ns, e)?.unwrap_or_else(|| new_entity_node(e))
+                }
                 None => new_entity_node(e),
             },
         };
-        canonical.insert(e.name.to_lowercase(), node.node_id.clone());
+        // The first entity of a name is the one its relations meet (as in the extraction).
+        canonical
+            .entry(e.name.to_lowercase())
+            .or_insert_with(|| node.node_id.clone());
         nodes.entry(node.node_id.clone()).or_insert(node);
     }
     let name_of = |id: &str, nodes: &BTreeMap<String, EvidenceNode>| -> Option<String> {
@@ -671,7 +744,11 @@ mod tests {
 
     #[test]
     fn extraction_dedups_entities_and_relations_and_drops_isolated_entities() {
-        let (entities, triples) = read_extraction(
+        let Extracted {
+            entities,
+            triples,
+            untyped,
+        } = read_extraction(
             reply(
                 r#"{"entities": [
                     {"name": "Caroline", "type": "person"},
@@ -698,6 +775,7 @@ mod tests {
                 ("painting", EntityType::Concept),
             ]
         );
+        assert_eq!(untyped, HashSet::from(["painting".to_string()]));
         let texts: Vec<(String, u8)> = triples.iter().map(|t| (t.text(), t.strength)).collect();
         assert_eq!(
             texts,

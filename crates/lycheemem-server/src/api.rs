@@ -380,6 +380,11 @@ pub struct SearchResponse {
     /// Evidence items with provenance and scores, best first.
     #[schema(value_type = Vec<Object>)]
     pub evidence: Vec<Value>,
+    /// Context the answerer sees besides the evidence (LiCoMemory: its session summary and
+    /// triples); absent for LycheeMemory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub context: Vec<Value>,
     /// LLM calls made (planner).
     #[schema(value_type = Vec<Object>)]
     pub usage: Vec<Value>,
@@ -393,6 +398,10 @@ pub struct AnswerResponse {
     pub answer: String,
     #[schema(value_type = Vec<Object>)]
     pub evidence: Vec<Value>,
+    /// As in [`SearchResponse`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub context: Vec<Value>,
     /// Planner and answer calls.
     #[schema(value_type = Vec<Object>)]
     pub usage: Vec<Value>,
@@ -447,6 +456,7 @@ pub async fn search(
         plan: to_value(&r.plan),
         plan_fallback: r.plan_fallback.clone(),
         evidence: r.evidence.iter().map(to_value).collect(),
+        context: r.context.iter().map(to_value).collect(),
         usage: r.usage.iter().map(to_value).collect(),
         timings_ms: to_value(&r.timings),
     }))
@@ -474,6 +484,7 @@ pub async fn answer(
     Ok(Json(AnswerResponse {
         tokens: a.tokens(),
         evidence: a.search.evidence.iter().map(to_value).collect(),
+        context: a.search.context.iter().map(to_value).collect(),
         usage: a.usage.iter().map(to_value).collect(),
         answer: a.text,
     }))

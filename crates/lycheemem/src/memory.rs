@@ -894,11 +894,16 @@ impl Memory {
     ) -> Result<SearchResult> {
         self.require_namespace(ns)?;
         if self.config.strategy == MemoryStrategy::Licomemory {
+            // `top_k` asks for that many chunks; LiCoMemory has no use for `context`.
+            let mut cfg = self.config.licomemory.clone();
+            if opts.top_k > 0 {
+                cfg.top_chunks = opts.top_k;
+            }
             let retriever = LicoRetriever {
                 store: self.store.as_ref(),
                 embedder: self.components.embedder.as_ref(),
                 llm: Some(self.components.plan_llm.as_ref()),
-                cfg: &self.config.licomemory,
+                cfg: &cfg,
             };
             let result = retriever.search(
                 ns,
@@ -1079,7 +1084,31 @@ impl Memory {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             embedder.embed(&refs)
         };
-        self.store.import(ns, input, Some(&embed))
+        let receipt = self.store.import(ns, input, Some(&embed))?;
+        if self.config.strategy == MemoryStrategy::Licomemory {
+            self.embed_entity_labels(ns)?;
+        }
+        Ok(receipt)
+    }
+
+    /// LiCoMemory: every entity node's vector from its label (`name (type)`), e.g. after an
+    /// import embedded the nodes a delete had rewritten from their search text.
+    fn embed_entity_labels(&self, ns: &Namespace) -> Result<()> {
+        let nodes: Vec<(ItemRef, String)> = self
+            .store
+            .all_nodes(ns)?
+            .into_iter()
+            .filter(|n| n.kind == lycheemem_core::NodeKind::Entity)
+            .map(|n| (ItemRef::Node(n.node_id), n.label))
+            .collect();
+        for batch in nodes.chunks(256) {
+            let texts: Vec<String> = batch.iter().map(|(_, l)| l.clone()).collect();
+            let vectors = self.embed(&texts)?;
+            let items: Vec<(ItemRef, Vec<f32>)> =
+                batch.iter().map(|(i, _)| i.clone()).zip(vectors).collect();
+            self.store.set_vectors(ns, &items)?;
+        }
+        Ok(())
     }
 
     /// Counts from the store plus token usage by purpose.

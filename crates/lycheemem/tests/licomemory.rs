@@ -359,6 +359,30 @@ fn deleting_a_session_removes_its_provenance_its_triples_and_orphan_entities() {
         .search(&ns, "Which dog?", &QueryOptions::default())
         .unwrap();
     assert!(result.evidence.iter().any(|e| e.turns == [0, 1]));
+    // Export without vectors, import into a fresh store: the same graph, entities embedded
+    // from their labels again, and the same search.
+    let mut file = Vec::new();
+    memory.export(&ns, &mut file, false).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let (comp, _) = components();
+    let copy = Memory::with_components(other.path(), lico(), comp).unwrap();
+    copy.import(&ns, &mut file.as_slice()).unwrap();
+    assert_eq!(graph(&copy, &ns), graph(&memory, &ns));
+    let user = vec![lycheemem_store::ItemRef::Node("entity:person::user".into())];
+    assert_eq!(
+        copy.store().vectors(&ns, &user).unwrap(),
+        memory.store().vectors(&ns, &user).unwrap()
+    );
+    let again = copy
+        .search(&ns, "Which dog?", &QueryOptions::default())
+        .unwrap();
+    let turns = |r: &lycheemem::SearchResult| -> Vec<(String, Vec<u32>)> {
+        r.evidence
+            .iter()
+            .map(|e| (e.session.clone(), e.turns.clone()))
+            .collect()
+    };
+    assert_eq!(turns(&again), turns(&result));
 }
 
 #[test]
@@ -370,7 +394,10 @@ fn whole_session_summaries_cost_one_call_per_session_and_the_strategy_is_kept() 
     let memory = Memory::with_components(dir.path(), cfg, comp).unwrap();
     let ns = Namespace::new("ana").unwrap();
     ingest(&memory, &ns, None);
-    // Five extraction calls plus one summary per session.
+    // Five extraction calls plus one summary per session; a session flushed again without new
+    // turns is not summarized again.
+    assert_eq!(encoder.calls(), 7);
+    memory.flush(&ns, &SessionId::new("s1").unwrap()).unwrap();
     assert_eq!(encoder.calls(), 7);
     let s2 = SessionSummary::load(memory.store(), &ns, &SessionId::new("s2").unwrap())
         .unwrap()
