@@ -895,3 +895,81 @@ fn a_report_lists_every_run_recorded_in_its_folder() {
         "{md}"
     );
 }
+
+/// LiCoMemory's calls answered from their prompts: a fixed summary; per dialogue line the
+/// speaker (a person) mentions each other capitalized word (a concept); a question's
+/// capitalized words as its entities; "Miso" for everything else (the answer).
+fn licomemory_llm() -> Arc<ScriptedLlm> {
+    fn capitalized(text: &str) -> Vec<String> {
+        text.split(|c: char| !c.is_alphabetic())
+            .filter(|w| w.len() >= 3 && w.chars().next().is_some_and(char::is_uppercase))
+            .map(str::to_string)
+            .collect()
+    }
+    Arc::new(ScriptedLlm::responding(|m| {
+        let system = m.first().map_or("", |m| m.content.as_str());
+        let user = m.last().map_or("", |m| m.content.as_str());
+        if system.starts_with("You write the summary") || system.starts_with("You keep the summary")
+        {
+            return r#"{"keys": ["pets", "sports"], "themes": [{"theme": "Talk", "summary": "They talked."}]}"#.into();
+        }
+        if system.starts_with("You extract a knowledge graph") {
+            let input: serde_json::Value = serde_json::from_str(user).unwrap();
+            let (mut entities, mut relations) = (Vec::new(), Vec::new());
+            for line in input["text"].as_str().unwrap().lines() {
+                let (who, said) = line.split_once(": ").unwrap();
+                entities.push(serde_json::json!({"name": who, "type": "person"}));
+                for w in capitalized(said).into_iter().filter(|w| w != who) {
+                    entities.push(serde_json::json!({"name": w, "type": "concept"}));
+                    relations.push(serde_json::json!({"source": who, "target": w, "relation": "mentions", "strength": 5}));
+                }
+            }
+            return serde_json::json!({"entities": entities, "relations": relations}).to_string();
+        }
+        if system.starts_with("You list the entities") {
+            let question = user.split("Question: ").nth(1).unwrap_or("");
+            let entities: Vec<_> = capitalized(question)
+                .into_iter()
+                .map(|w| serde_json::json!({"name": w, "type": "person"}))
+                .collect();
+            return serde_json::json!({ "entities": entities }).to_string();
+        }
+        "Miso".into()
+    }))
+}
+
+#[test]
+fn licomemory_variants_build_their_graphs_and_retrieve_the_evidence_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let llm = licomemory_llm();
+    let spec = spec_for(
+        &dir.path().join("locomo_tiny.json"),
+        &dir.path().join("results"),
+        &dir.path().join("cache"),
+        &["licomemory", "licomemory_no_decay", "licomemory_simple"],
+    );
+    let b = backends(llm.clone(), miso_judge());
+    let mut lines = Vec::new();
+    run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();
+    let preds = run::predictions(&spec.out).unwrap();
+    assert_eq!(preds.len(), 6, "{lines:#?}");
+    for p in &preds {
+        assert_eq!(p.prediction.as_deref(), Some("Miso"), "{p:?}");
+        // Two turns a chunk: Ann's cat is in the first chunk, Bob's Berlin in the second and
+        // in session 2's only one.
+        assert_eq!(p.recall, Some(1.0), "{p:?}");
+        assert!(p.plan_tokens > 0 && p.context_tokens > 0, "{p:?}");
+        assert_eq!(p.judge_correct, Some(p.question_id == "conv-x-q1"), "{p:?}");
+    }
+    // Two memories: the ranking ablation shares the paper method's. Three chunks: two calls
+    // each, or one each plus one summary per session (authors' shipped settings).
+    let builds = run::constructions(&spec.out).unwrap();
+    let memories: BTreeSet<(String, u64)> = builds
+        .iter()
+        .map(|b| (b.report.hash.clone(), b.report.encode_calls))
+        .collect();
+    let mut calls: Vec<u64> = memories.iter().map(|m| m.1).collect();
+    calls.sort_unstable();
+    assert_eq!(calls, [5, 6], "{builds:#?}");
+}
