@@ -290,8 +290,10 @@ impl Memory {
             ChunkWriter::new(components.encode_llm.clone(), config.licomemory.clone());
         let mut segment = config.segment.clone();
         if config.strategy == MemoryStrategy::Licomemory {
-            // LiCoMemory's chunk is one exchange (two consecutive turns of a two-speaker log).
+            // LiCoMemory's chunk is one exchange (two consecutive turns of a two-speaker log),
+            // whatever its length: never split at turn boundaries.
             segment.policy = SegmentPolicy::PerExchange;
+            segment.max_tokens = u32::MAX;
         }
         let segmenter = Segmenter::new(segment);
         Ok(Memory {

@@ -433,3 +433,36 @@ fn a_lycheemem_store_is_not_opened_as_licomemory() {
     let (comp, _) = components();
     assert!(Memory::with_components(dir.path(), lico(), comp).is_err());
 }
+
+#[test]
+fn a_long_exchange_is_one_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (comp, encoder) = components();
+    let memory = Memory::with_components(dir.path(), lico(), comp).unwrap();
+    let ns = Namespace::new("ana").unwrap();
+    let s1 = SessionId::new("s1").unwrap();
+    let long_reply = "Congratulations! ".repeat(400);
+    memory
+        .add_turns(
+            &ns,
+            &s1,
+            Some("2024-03-01"),
+            vec![
+                NewTurn::user("I just adopted a beagle called Rex."),
+                NewTurn::assistant(long_reply),
+            ],
+        )
+        .unwrap();
+    memory.flush(&ns, &s1).unwrap();
+    let rows = memory.store().segments(&ns, &s1).unwrap();
+    let spans: Vec<(u32, u32)> = rows
+        .iter()
+        .map(|r| (r.segment.first_turn, r.segment.last_turn))
+        .collect();
+    assert_eq!(
+        spans,
+        [(0, 1)],
+        "an exchange over the segment cap stays one chunk"
+    );
+    assert_eq!(encoder.calls(), 2);
+}
