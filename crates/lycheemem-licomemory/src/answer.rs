@@ -1,13 +1,13 @@
 //! LiCoMemory's answer prompt (SPEC-licomemory §3 step 7), in its order: the question time and
 //! the question, the session summary, the triples (`(src, rel, tgt)` joined by `; `), the chunks
-//! (`Chunk i:` with their session date), then the instructions. One call, with the engine's
-//! answer settings (`answer.max_output_tokens`, greedy) so strategies are compared with the same
-//! answerer.
+//! (`Chunk i:` with their session date), then the instructions. One call, made by the engine's
+//! `complete_answer` (`answer.max_output_tokens`, greedy), so strategies are compared with the
+//! same answerer.
 
 use lycheemem_core::config::{AnswerConfig, LicoMemoryConfig};
 use lycheemem_core::text::head_and_tail;
-use lycheemem_core::{Cancel, Purpose, Result};
-use lycheemem_llm::{ChatMessage, GenerateOptions, Llm};
+use lycheemem_core::{Cancel, Result};
+use lycheemem_llm::{ChatMessage, Llm};
 use lycheemem_retrieve::{AnswerText, SearchResult};
 
 use crate::prompts;
@@ -69,15 +69,5 @@ pub fn answer(
     cancel: &Cancel,
 ) -> Result<AnswerText> {
     let messages = answer_messages(question, question_date, result, cfg, answer);
-    let options = GenerateOptions {
-        max_tokens: answer.max_output_tokens,
-        temperature: 0.0,
-        cancel: cancel.clone(),
-        ..Default::default()
-    };
-    let reply = llm.complete(&messages, &options)?;
-    Ok(AnswerText {
-        text: reply.text.trim().to_string(),
-        usage: crate::write::usage(&reply, Purpose::Answer),
-    })
+    lycheemem_retrieve::complete_answer(llm, &messages, answer, cancel)
 }

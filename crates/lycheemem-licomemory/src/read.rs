@@ -121,12 +121,13 @@ pub struct LicoRetriever<'a> {
     pub cfg: &'a LicoMemoryConfig,
 }
 
-/// A triple in the pool: its records (one per session that stated it).
+/// A triple in the pool: its records (one per session that stated it), each with its gap Δτ
+/// to the question date in days (0 when either date is missing).
 struct PooledTriple {
     text: String,
     /// `(src, rel, tgt)` as the answer prompt shows it.
     line: String,
-    records: Vec<Record>,
+    records: Vec<(Record, f64)>,
     /// cos(question, triple).
     cos: f32,
     pre: f32,
@@ -304,7 +305,8 @@ impl LicoRetriever<'_> {
             });
             t.pre = t.pre.max(pre);
             t.cos = t.cos.max(cos);
-            t.records.push(r);
+            let gap = rank::day_gap(question_date, r.created_at.as_deref()).unwrap_or(0.0);
+            t.records.push((r, gap));
         }
         let mut pool: Vec<PooledTriple> = pool.into_values().collect();
         pool.sort_by(|a, b| b.pre.total_cmp(&a.pre).then_with(|| a.text.cmp(&b.text)));
@@ -328,25 +330,19 @@ impl LicoRetriever<'_> {
         // CogniRank (or SimpleRank) per provenance entry; a triple scores its best entry.
         let gaps: Vec<f64> = pool
             .iter()
-            .flat_map(|t| &t.records)
-            .map(|r| rank::day_gap(question_date, r.created_at.as_deref()).unwrap_or(0.0))
+            .flat_map(|t| t.records.iter().map(|(_, gap)| *gap))
             .collect();
         let scale = rank::decay_scale(&gaps, cfg);
         for t in &mut pool {
             let mut best = f32::NEG_INFINITY;
-            for r in &t.records {
+            for (r, gap) in &t.records {
                 let ss = ss_of.get(r.source_session.as_str()).copied().unwrap_or(0.0);
-                let gap = rank::day_gap(question_date, r.created_at.as_deref()).unwrap_or(0.0);
-                best = best.max(rank::triple_score(t.cos, ss, gap, scale, cfg));
+                best = best.max(rank::triple_score(t.cos, ss, *gap, scale, cfg));
             }
             t.score = best;
             // The most relevant entry first: its chunks are collected first.
-            t.records.sort_by(|a, b| {
-                let g = |r: &Record| {
-                    rank::day_gap(question_date, r.created_at.as_deref()).unwrap_or(0.0)
-                };
-                g(a).total_cmp(&g(b))
-                    .then_with(|| a.record_id.cmp(&b.record_id))
+            t.records.sort_by(|(a, ga), (b, gb)| {
+                ga.total_cmp(gb).then_with(|| a.record_id.cmp(&b.record_id))
             });
         }
         pool.sort_by(|a, b| {
@@ -362,7 +358,7 @@ impl LicoRetriever<'_> {
         let mut segments: HashMap<SessionId, Vec<SegmentRow>> = HashMap::new();
         let mut chunks: Vec<Chunk> = Vec::new();
         'collect: for t in &pool {
-            for r in &t.records {
+            for (r, _) in &t.records {
                 if !segments.contains_key(&r.source_session) {
                     let rows = self.store.segments(ns, &r.source_session)?;
                     segments.insert(r.source_session.clone(), rows);

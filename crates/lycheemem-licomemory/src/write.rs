@@ -153,7 +153,7 @@ pub fn slash_date(date: Option<&str>) -> String {
 }
 
 /// The metered usage of a call.
-pub(crate) fn usage(reply: &Completion, purpose: Purpose) -> TokenUsage {
+fn usage(reply: &Completion, purpose: Purpose) -> TokenUsage {
     TokenUsage {
         purpose,
         model: reply.model.clone(),

@@ -177,13 +177,24 @@ pub fn answer(
     cancel: &lycheemem_core::Cancel,
 ) -> Result<AnswerText> {
     let messages = answer_messages(question, reference_date, evidence, cfg);
+    complete_answer(llm, &messages, cfg, cancel)
+}
+
+/// Makes the answer call on prepared messages (greedy, `cfg.max_output_tokens`): the one call
+/// every memory strategy answers with.
+pub fn complete_answer(
+    llm: &dyn Llm,
+    messages: &[ChatMessage],
+    cfg: &AnswerConfig,
+    cancel: &lycheemem_core::Cancel,
+) -> Result<AnswerText> {
     let options = GenerateOptions {
         max_tokens: cfg.max_output_tokens,
         temperature: 0.0,
         cancel: cancel.clone(),
         ..Default::default()
     };
-    let reply = llm.complete(&messages, &options)?;
+    let reply = llm.complete(messages, &options)?;
     Ok(AnswerText {
         text: reply.text.trim().to_string(),
         usage: TokenUsage {

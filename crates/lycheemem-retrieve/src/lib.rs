@@ -31,7 +31,7 @@ use lycheemem_llm::Llm;
 use lycheemem_store::RetrievalStore;
 use serde::{Deserialize, Serialize};
 
-pub use answer::{AnswerText, answer, answer_messages};
+pub use answer::{AnswerText, answer, answer_messages, complete_answer};
 pub use planner::PlanOutcome;
 
 /// A chosen piece of evidence with what the answer prompt shows about it.

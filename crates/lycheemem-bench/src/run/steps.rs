@@ -473,33 +473,28 @@ pub(super) fn evaluate(
     let mut config = v.config.clone();
     let mut lico_result: Option<SearchResult> = None;
     let (evidence, mut p) = match v.kind {
-        VariantKind::Memory if v.licomemory() => {
-            let (memory, ns) = opened
-                .memories
-                .get(&(i, ctx.construction_hashes[vi].clone()))
-                .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
-            let (result, p) = search_licomemory(ctx, v, item, q, memory, ns)?;
-            let evidence = result.evidence.clone();
-            lico_result = Some(result);
-            (evidence, p)
-        }
         VariantKind::Memory => {
             let (memory, ns) = opened
                 .memories
                 .get(&(i, ctx.construction_hashes[vi].clone()))
                 .ok_or_else(|| anyhow::anyhow!("no memory opened for {}", item.id))?;
-            let cached_plan = if v.plans() {
-                let key = plan_key(q, v, &ctx.comps);
-                Some(
-                    plans
-                        .get(&key)
-                        .cloned()
-                        .ok_or_else(|| anyhow::anyhow!("no plan was made for question {}", q.id))?,
-                )
+            if v.licomemory() {
+                let (result, p) = search_licomemory(ctx, v, item, q, memory, ns)?;
+                let evidence = result.evidence.clone();
+                lico_result = Some(result);
+                (evidence, p)
             } else {
-                None
-            };
-            search_memory(ctx, v, item, q, memory, ns, cached_plan.as_ref())?
+                let cached_plan =
+                    if v.plans() {
+                        let key = plan_key(q, v, &ctx.comps);
+                        Some(plans.get(&key).cloned().ok_or_else(|| {
+                            anyhow::anyhow!("no plan was made for question {}", q.id)
+                        })?)
+                    } else {
+                        None
+                    };
+                search_memory(ctx, v, item, q, memory, ns, cached_plan.as_ref())?
+            }
         }
         VariantKind::NaiveRag => {
             let index = opened
