@@ -1,7 +1,8 @@
 //! LiCoMemory as a memory strategy through the facade, with a real store, a deterministic
 //! embedder and scripted LLMs: two calls per chunk, the summary really updated, entity and
 //! relation dedup with provenance per session, retrieval of the chunks the best triples came
-//! from, restart and deletion behaviour, and the strategy guard.
+//! from, restart and deletion behaviour, the strategy guard, and the same graph and search on
+//! PostgreSQL (needs `LYCHEEMEM_TEST_POSTGRES_URL`).
 
 use lycheemem::{Components, Memory, NewTurn, QueryOptions};
 use lycheemem_core::config::LicoSummaryMode;
@@ -465,4 +466,70 @@ fn a_long_exchange_is_one_chunk() {
         "an exchange over the segment cap stays one chunk"
     );
     assert_eq!(encoder.calls(), 2);
+}
+
+/// Everything a search hands the answer prompt: the chunks with their turns, in order, and the
+/// context blocks.
+fn search_view(result: &lycheemem::SearchResult) -> (Vec<(String, Vec<u32>)>, Vec<String>) {
+    let evidence = result
+        .evidence
+        .iter()
+        .map(|e| (e.session.clone(), e.turns.clone()))
+        .collect();
+    let context = result
+        .context
+        .iter()
+        .map(|b| format!("{}: {}", b.title, b.lines.join(" | ")))
+        .collect();
+    (evidence, context)
+}
+
+#[test]
+fn postgresql_holds_the_same_graph_summaries_and_search_as_a_store_directory() {
+    let url = lycheemem_testkit::postgres_test_url();
+    let dir = tempfile::tempdir().unwrap();
+    let (comp, _) = components();
+    let local = Memory::with_components(dir.path(), lico(), comp).unwrap();
+    let mut cfg = lico();
+    cfg.store.postgres_schema = lycheemem_testkit::unique_schema("licomemory");
+    let (comp, pg_encoder) = components();
+    let shared = Memory::with_components(std::path::Path::new(&url), cfg.clone(), comp).unwrap();
+    let ns = Namespace::new("ana").unwrap();
+    ingest(&local, &ns, None);
+    ingest(&shared, &ns, None);
+    assert_eq!(pg_encoder.calls(), 10);
+    assert_eq!(graph(&shared, &ns), graph(&local, &ns));
+    for sid in ["s1", "s2"] {
+        let s = SessionId::new(sid).unwrap();
+        assert_eq!(
+            SessionSummary::load(shared.store(), &ns, &s).unwrap(),
+            SessionSummary::load(local.store(), &ns, &s).unwrap()
+        );
+    }
+    let opts = QueryOptions {
+        reference_date: Some("2024-04-12".into()),
+        ..QueryOptions::default()
+    };
+    let search = |m: &Memory| search_view(&m.search(&ns, "What dog do I have?", &opts).unwrap());
+    let on_pg = search(&shared);
+    assert!(!on_pg.0.is_empty() && !on_pg.1.is_empty());
+    assert_eq!(on_pg, search(&local));
+    // The deletion cascade is the same on both.
+    let s2 = SessionId::new("s2").unwrap();
+    let (a, b) = (
+        shared.delete_session(&ns, &s2).unwrap(),
+        local.delete_session(&ns, &s2).unwrap(),
+    );
+    assert_eq!((a.records, a.nodes_removed), (b.records, b.nodes_removed));
+    assert_eq!(graph(&shared, &ns), graph(&local, &ns));
+    assert_eq!(search(&shared), search(&local));
+    // Reopened from the database by another process's view: the strategy is kept there too.
+    drop(shared);
+    let (comp, _) = components();
+    let again = Memory::with_components(std::path::Path::new(&url), cfg.clone(), comp).unwrap();
+    assert_eq!(graph(&again, &ns), graph(&local, &ns));
+    let (comp, _) = components();
+    let mut lychee = Config::default();
+    lychee.store.postgres_schema = cfg.store.postgres_schema.clone();
+    assert!(Memory::with_components(std::path::Path::new(&url), lychee, comp).is_err());
 }
