@@ -41,55 +41,66 @@ pub fn route_quota(k: usize, routes: usize, cfg: &RetrievalConfig) -> usize {
     (k / routes.max(1)).min(cfg.quota_cap).max(1)
 }
 
-/// RRF over the routes' ranked lists (each sorted by route score, best first).
-pub fn fuse(routes: &[(String, Vec<Scored>)], k: usize, cfg: &RetrievalConfig) -> Vec<Fused> {
+/// RRF over the routes' ranked lists (each sorted here by route score, best first). Takes the
+/// lists by value: candidates move into the fused list (a large store's routes hand over
+/// thousands).
+pub fn fuse(routes: Vec<(String, Vec<Scored>)>, k: usize, cfg: &RetrievalConfig) -> Vec<Fused> {
     let quota = route_quota(k, routes.len(), cfg);
     let depth = (cfg.rrf_depth_factor * k).max(4 * quota);
-    let mut by_target: HashMap<CandidateTarget, Fused> = HashMap::new();
-    let mut order: Vec<CandidateTarget> = Vec::new();
-    for (route_id, list) in routes {
-        let mut ranked: Vec<&Scored> = list.iter().collect();
-        ranked.sort_by(|a, b| {
+    // Fused entries in first-seen order, and where each target's entry is.
+    let mut fused: Vec<Fused> = Vec::new();
+    let mut at: HashMap<CandidateTarget, usize> = HashMap::new();
+    for (route_id, mut list) in routes {
+        list.sort_by(|a, b| {
             b.route_score
                 .total_cmp(&a.route_score)
                 .then(a.target.cmp(&b.target))
         });
-        for (rank, c) in ranked.into_iter().enumerate() {
+        for (rank, c) in list.into_iter().enumerate() {
             let contribution = if rank < depth {
                 1.0 / (cfg.rrf_kappa as f32 + (rank + 1) as f32)
             } else {
                 0.0
             };
-            let entry = by_target.entry(c.target.clone()).or_insert_with(|| {
-                order.push(c.target.clone());
-                Fused {
-                    candidate: c.clone(),
-                    best: c.route_score,
-                    rrf: 0.0,
-                    final_score: 0.0,
-                    routes: BTreeSet::new(),
+            let i = match at.get(&c.target) {
+                Some(&i) => {
+                    let entry = &mut fused[i];
+                    if c.route_score > entry.best {
+                        let provenance = std::mem::take(&mut entry.candidate.provenance);
+                        entry.best = c.route_score;
+                        entry.candidate = c;
+                        entry.candidate.provenance.merge(&provenance);
+                    } else {
+                        entry.candidate.provenance.merge(&c.provenance);
+                    }
+                    i
                 }
-            });
+                None => {
+                    at.insert(c.target.clone(), fused.len());
+                    fused.push(Fused {
+                        best: c.route_score,
+                        candidate: c,
+                        rrf: 0.0,
+                        final_score: 0.0,
+                        routes: BTreeSet::new(),
+                    });
+                    fused.len() - 1
+                }
+            };
+            let entry = &mut fused[i];
             entry.rrf += contribution;
-            entry.routes.insert(route_id.clone());
-            if c.route_score > entry.best {
-                let provenance = entry.candidate.provenance.clone();
-                entry.candidate = c.clone();
-                entry.candidate.provenance.merge(&provenance);
-                entry.best = c.route_score;
-            } else {
-                entry.candidate.provenance.merge(&c.provenance);
+            if !entry.routes.contains(&route_id) {
+                entry.routes.insert(route_id.clone());
             }
         }
     }
-    let max_rrf = by_target
-        .values()
+    let max_rrf = fused
+        .iter()
         .map(|f| f.rrf)
         .fold(0.0f32, f32::max)
         .max(f32::MIN_POSITIVE);
-    let mut out: Vec<Fused> = order
+    let mut out: Vec<Fused> = fused
         .into_iter()
-        .filter_map(|t| by_target.remove(&t))
         .map(|mut f| {
             f.final_score = cfg.fusion_best_weight as f32 * f.best
                 + cfg.fusion_rrf_weight as f32 * f.rrf / max_rrf;
@@ -287,7 +298,11 @@ pub fn select_explained(
 struct Selector<'a> {
     fused: &'a [Fused],
     cfg: &'a RetrievalConfig,
-    signatures: Vec<Signature>,
+    /// Filled when a candidate joins the pool ([`Selector::admit`]): only pool members are
+    /// compared, and a large fused list leaves most candidates below the pool.
+    signatures: Vec<Option<Signature>>,
+    /// Estimated tokens: every raw item's (the budget's turn floor reads them) and every pool
+    /// member's; 0 for the others until they join the pool.
     tokens: Vec<usize>,
     turns: Vec<Vec<(String, u32)>>,
     in_pool: Vec<bool>,
@@ -363,25 +378,27 @@ impl<'a> Selector<'a> {
         qt: QuestionType,
         cfg: &'a RetrievalConfig,
     ) -> Self {
-        let mut in_pool = vec![false; fused.len()];
-        for i in pool_indices(fused, route_ids, k, cfg) {
-            in_pool[i] = true;
-        }
         let (raw_budget, score_ratio) = limiter(qt, k, cfg);
         let tokens: Vec<usize> = fused
             .iter()
-            .map(|f| estimate_tokens(&f.candidate.info.text) as usize)
+            .map(|f| {
+                if f.candidate.is_raw() {
+                    estimate_tokens(&f.candidate.info.text) as usize
+                } else {
+                    0
+                }
+            })
             .collect();
         let turns: Vec<Vec<(String, u32)>> = fused.iter().map(shown_turns).collect();
         let token_budget = token_budget(&tokens, &turns, k, cfg);
-        Selector {
+        let mut s = Selector {
             fused,
             cfg,
-            signatures: fused.iter().map(|f| Signature::of(&f.candidate)).collect(),
+            signatures: vec![None; fused.len()],
             tokens,
             turns,
             token_budget,
-            in_pool,
+            in_pool: vec![false; fused.len()],
             chosen: Vec::new(),
             mmr_scores: Vec::new(),
             reasons: HashMap::new(),
@@ -389,6 +406,28 @@ impl<'a> Selector<'a> {
             max_sim: vec![0f64; fused.len()],
             raw_budget,
             score_ratio,
+        };
+        for i in pool_indices(fused, route_ids, k, cfg) {
+            s.admit(i);
+        }
+        s
+    }
+
+    /// Candidate `i` joins the pool, with what comparing and budgeting it needs.
+    fn admit(&mut self, i: usize) {
+        let c = &self.fused[i].candidate;
+        self.in_pool[i] = true;
+        self.signatures[i] = Some(Signature::of(c));
+        if !c.is_raw() {
+            self.tokens[i] = estimate_tokens(&c.info.text) as usize;
+        }
+    }
+
+    /// The similarity of two pool members (0 if either has not joined: never the case).
+    fn pool_similarity(&self, a: usize, b: usize) -> f64 {
+        match (&self.signatures[a], &self.signatures[b]) {
+            (Some(x), Some(y)) => similarity(x, y, &self.cfg.similarity),
+            _ => 0.0,
         }
     }
 
@@ -532,11 +571,7 @@ impl<'a> Selector<'a> {
         self.reasons.remove(&i);
         if self.cfg.mmr {
             for &j in pool {
-                let sim = similarity(
-                    &self.signatures[j],
-                    &self.signatures[i],
-                    &self.cfg.similarity,
-                );
+                let sim = self.pool_similarity(j, i);
                 self.max_sim[j] = self.max_sim[j].max(sim);
             }
         }
@@ -552,14 +587,10 @@ impl<'a> Selector<'a> {
             return false;
         }
         for i in outside {
-            self.in_pool[i] = true;
+            self.admit(i);
             if self.cfg.mmr {
                 for &c in &self.chosen {
-                    let sim = similarity(
-                        &self.signatures[i],
-                        &self.signatures[c],
-                        &self.cfg.similarity,
-                    );
+                    let sim = self.pool_similarity(i, c);
                     self.max_sim[i] = self.max_sim[i].max(sim);
                 }
             }
@@ -646,7 +677,7 @@ mod tests {
             ("r1".to_string(), vec![a.clone(), b.clone()]),
             ("r2".to_string(), vec![b.clone()]),
         ];
-        let fused = fuse(&routes, 15, &cfg());
+        let fused = fuse(routes.clone(), 15, &cfg());
         let get = |id: &str| {
             fused
                 .iter()
@@ -687,7 +718,7 @@ mod tests {
         let routes = vec![("r1".to_string(), r1), ("r2".to_string(), r2)];
         let ids = vec!["r1".to_string(), "r2".to_string()];
         let picked = select(
-            fuse(&routes, 4, &cfg()),
+            fuse(routes.clone(), 4, &cfg()),
             &ids,
             4,
             QuestionType::Single,
@@ -717,7 +748,7 @@ mod tests {
         let mut spec = cfg();
         spec.mmr_normalize_relevance = false;
         let picked = select(
-            fuse(&routes, 2, &spec),
+            fuse(routes.clone(), 2, &spec),
             &ids,
             2,
             QuestionType::Single,
@@ -743,7 +774,7 @@ mod tests {
             ],
         )];
         let picked = select(
-            fuse(&routes, 2, &no_mmr),
+            fuse(routes.clone(), 2, &no_mmr),
             &ids,
             2,
             QuestionType::Single,
@@ -808,7 +839,7 @@ mod tests {
         let routes = vec![("r1".to_string(), list)];
         let route_ids = vec!["r1".to_string()];
         let selection = select_explained(
-            fuse(&routes, 4, &cfg),
+            fuse(routes.clone(), 4, &cfg),
             &route_ids,
             4,
             QuestionType::Single,
@@ -854,7 +885,7 @@ mod tests {
             cfg.evidence_token_budget = 250;
             cfg.evidence_budget_turn_floor = floor;
             select(
-                fuse(&routes, 4, &cfg),
+                fuse(routes.clone(), 4, &cfg),
                 &route_ids,
                 4,
                 QuestionType::Single,
@@ -917,7 +948,7 @@ mod tests {
         let mut no_mmr = cfg.clone();
         no_mmr.mmr = false;
         let selection = select_explained(
-            fuse(&routes, 3, &no_mmr),
+            fuse(routes.clone(), 3, &no_mmr),
             &route_ids,
             3,
             QuestionType::Single,
@@ -958,7 +989,7 @@ mod tests {
         let mut raw_scale = cfg();
         raw_scale.mmr_normalize_relevance = false;
         let picked = select(
-            fuse(&routes, 2, &raw_scale),
+            fuse(routes.clone(), 2, &raw_scale),
             &route_ids,
             2,
             QuestionType::Single,
@@ -966,7 +997,7 @@ mod tests {
         );
         assert_eq!(ids(&picked), vec!["a", "c"]);
         let picked = select(
-            fuse(&routes, 2, &cfg()),
+            fuse(routes.clone(), 2, &cfg()),
             &route_ids,
             2,
             QuestionType::Single,
@@ -1005,7 +1036,7 @@ mod tests {
         let mut spec = cfg();
         spec.use_spec_selection();
         let picked = select(
-            fuse(&routes, 5, &spec),
+            fuse(routes.clone(), 5, &spec),
             &ids,
             5,
             QuestionType::Single,

@@ -355,7 +355,7 @@ impl Retriever<'_> {
         let mut dropped = Vec::new();
         let selected = if cfg.fusion {
             let selection = fusion::select_explained(
-                fusion::fuse(&lists, k, cfg),
+                fusion::fuse(lists, k, cfg),
                 &route_ids,
                 k,
                 plan.question_type,

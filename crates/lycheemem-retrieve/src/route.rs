@@ -227,9 +227,12 @@ pub fn run_route_timed(
     if cfg.channel_lexical {
         recall_lexical(ctx, variant_texts, &budget, profile, &mut pool, rid)?;
     }
-    if !node_hits.is_empty() {
-        expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool, rid)?;
-    }
+    // Record vectors node expansion read already; scoring reuses them.
+    let known = if node_hits.is_empty() {
+        HashMap::new()
+    } else {
+        expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool, rid)?
+    };
     let Pool {
         items, lead_field, ..
     } = pool;
@@ -245,7 +248,7 @@ pub fn run_route_timed(
         .collect();
     let recall_ms = started.elapsed().as_secs_f64() * 1e3;
     let lead_vectors = &variant_vectors[..lead.min(variant_vectors.len())];
-    let candidates = score_route(ctx, route, candidates, lead_vectors, profile)?;
+    let candidates = score_route(ctx, route, candidates, lead_vectors, profile, &known)?;
     let score_ms = started.elapsed().as_secs_f64() * 1e3 - recall_ms;
     Ok((
         candidates,
@@ -407,7 +410,7 @@ fn recall_lexical(
 /// Evidence-node channel, second half: node hits expanded to their records, scored by the
 /// records' own similarity. Small nodes are scored exactly from one batch of vectors; large
 /// ones (a main speaker's entity node can link thousands of records) through a vector search
-/// restricted to their members.
+/// restricted to their members. Returns the small nodes' record vectors (scoring reuses them).
 fn expand_nodes(
     ctx: &RouteContext<'_>,
     node_hits: &[(String, NodeKind, usize)],
@@ -415,7 +418,7 @@ fn expand_nodes(
     budget: &RecallBudget,
     pool: &mut Pool,
     rid: &str,
-) -> Result<()> {
+) -> Result<HashMap<String, Vec<f32>>> {
     let cfg = ctx.cfg;
     let rec_n = budget.rec_n;
     let mut ids: Vec<String> = node_hits.iter().map(|(id, _, _)| id.clone()).collect();
@@ -481,22 +484,23 @@ fn expand_nodes(
             );
         }
     }
-    Ok(())
+    Ok(vectors)
 }
 
 /// A route's candidates resolved (texts, dates, sessions), given their bonuses, joined by their
 /// source windows, optionally reranked, and scored and sorted for fusion. `variant_vectors` are
-/// the variants relevance is measured against.
+/// the variants relevance is measured against; `known` holds record vectors read already.
 fn score_route(
     ctx: &RouteContext<'_>,
     route: &Route,
     mut candidates: Vec<Scored>,
     variant_vectors: &[Vec<f32>],
     profile: &TypeProfile,
+    known: &HashMap<String, Vec<f32>>,
 ) -> Result<Vec<Scored>> {
     let cfg = ctx.cfg;
     let rid = route.route_id.as_str();
-    resolve(ctx, &mut candidates, variant_vectors, profile)?;
+    resolve(ctx, &mut candidates, variant_vectors, profile, known)?;
     apply_bonuses(ctx, &mut candidates, &route.temporal_filter);
     let mut candidates = add_windows(ctx, candidates, variant_vectors, profile, rid)?;
     if cfg.rerank
@@ -519,12 +523,13 @@ fn score_route(
 }
 
 /// Fills in each candidate's item info and its best similarity `r` over the variants; drops
-/// candidates whose item no longer exists.
+/// candidates whose item no longer exists. Record vectors in `known` are not read again.
 fn resolve(
     ctx: &RouteContext<'_>,
     candidates: &mut Vec<Scored>,
     variant_vectors: &[Vec<f32>],
     profile: &TypeProfile,
+    known: &HashMap<String, Vec<f32>>,
 ) -> Result<()> {
     let mut session_dates: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut session_date = |s: &SessionId| -> Result<Option<String>> {
@@ -612,7 +617,18 @@ fn resolve(
     }
     let mut flags = keep.into_iter();
     candidates.retain(|_| flags.next().unwrap_or(false));
-    let vectors = ctx.store.scoring_vectors(ctx.ns, &items)?;
+    let is_known = |item: &ItemRef| matches!(item, ItemRef::Record(id) if known.contains_key(id));
+    let missing: Vec<ItemRef> = items.iter().filter(|i| !is_known(i)).cloned().collect();
+    let mut fetched = ctx.store.scoring_vectors(ctx.ns, &missing)?.into_iter();
+    let vectors: Vec<Option<std::borrow::Cow<'_, [f32]>>> = items
+        .iter()
+        .map(|item| match item {
+            ItemRef::Record(id) if known.contains_key(id) => known
+                .get(id)
+                .map(|v| std::borrow::Cow::Borrowed(v.as_slice())),
+            _ => fetched.next().flatten().map(std::borrow::Cow::Owned),
+        })
+        .collect();
     for (c, v) in candidates.iter_mut().zip(vectors) {
         if let Some(v) = v {
             c.r = variant_vectors
@@ -690,6 +706,10 @@ fn apply_bonuses(ctx: &RouteContext<'_>, candidates: &mut [Scored], filter: &Tem
         c.field += bonus as f32;
     }
 }
+
+/// Field scores closer than this are equal: a similarity computed by two kernels (the store's
+/// search and [`cosine`]) differs in the last bits.
+const FIELD_ROUNDING: f32 = 1e-5;
 
 /// Source windows: the best `window_anchors` records' evidence turns ± window become window
 /// candidates (merged when they touch); raw-turn hits inside a window are folded into it.
@@ -792,7 +812,10 @@ fn add_windows(
             // The window shows the hit's turn, so it ranks at least as high; a hit that
             // outranked the window also stays a candidate of its own, so dropping the window
             // cannot drop the best lexical or vector hit with it.
-            let outranks = c.field > w.field;
+            // A hit that is the window's best turn has the window's field up to rounding: the
+            // backends compute that similarity in different code (pgvector's distance for the
+            // hit, ours for the window), so a margin below rounding is a tie, not a rank.
+            let outranks = c.field > w.field + FIELD_ROUNDING;
             w.absorb(&c);
             if !outranks {
                 continue;
