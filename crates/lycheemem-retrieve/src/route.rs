@@ -617,16 +617,21 @@ fn resolve(
     }
     let mut flags = keep.into_iter();
     candidates.retain(|_| flags.next().unwrap_or(false));
-    let is_known = |item: &ItemRef| matches!(item, ItemRef::Record(id) if known.contains_key(id));
-    let missing: Vec<ItemRef> = items.iter().filter(|i| !is_known(i)).cloned().collect();
+    let known_vector = |item: &ItemRef| match item {
+        ItemRef::Record(id) => known.get(id).map(Vec::as_slice),
+        ItemRef::Turn(_) | ItemRef::Node(_) => None,
+    };
+    let missing: Vec<ItemRef> = items
+        .iter()
+        .filter(|i| known_vector(i).is_none())
+        .cloned()
+        .collect();
     let mut fetched = ctx.store.scoring_vectors(ctx.ns, &missing)?.into_iter();
     let vectors: Vec<Option<std::borrow::Cow<'_, [f32]>>> = items
         .iter()
-        .map(|item| match item {
-            ItemRef::Record(id) if known.contains_key(id) => known
-                .get(id)
-                .map(|v| std::borrow::Cow::Borrowed(v.as_slice())),
-            _ => fetched.next().flatten().map(std::borrow::Cow::Owned),
+        .map(|item| match known_vector(item) {
+            Some(v) => Some(std::borrow::Cow::Borrowed(v)),
+            None => fetched.next().flatten().map(std::borrow::Cow::Owned),
         })
         .collect();
     for (c, v) in candidates.iter_mut().zip(vectors) {
