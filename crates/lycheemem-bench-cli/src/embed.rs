@@ -1,11 +1,12 @@
-//! `lycheemem-bench embed`: embedding throughput of candle (this crate) against
-//! sentence-transformers on torch, same model, same texts, same threads, in one run.
+//! `lycheemem-bench embed`: embedding throughput of lycheemem's native CPU forward pass and of
+//! candle's `BertModel` against sentence-transformers on torch, same model, same texts, same
+//! threads, in one run; plus the latency of embedding one text at a time (a query).
 
 use anyhow::{Context, Result, bail};
 
 use crate::reference_run::ReferenceRun;
 use clap::Args;
-use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions, cosine};
+use lycheemem_embed::{BertEmbedder, EmbedEngine, Embedder, EmbedderOptions, cosine};
 use lycheemem_models::{FetchSource, ModelStore};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -37,6 +38,35 @@ pub struct BenchEmbedArgs {
     reference_python: Option<PathBuf>,
     #[arg(long, default_value = "all-minilm-l6-v2")]
     embedder: String,
+    /// Texts embedded one at a time for the query-latency table (the first N).
+    #[arg(long, default_value_t = 200)]
+    single: usize,
+}
+
+/// Best-of-`repeats` seconds to embed `texts`, and the vectors.
+fn time_embed(e: &BertEmbedder, texts: &[&str], repeats: usize) -> Result<(f64, Vec<Vec<f32>>)> {
+    e.embed(&texts[..texts.len().min(64)])?; // warm-up
+    let mut best = f64::INFINITY;
+    let mut out = Vec::new();
+    for _ in 0..repeats.max(1) {
+        let t0 = Instant::now();
+        out = e.embed(texts)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok((best, out))
+}
+
+/// p50 and p95 milliseconds of embedding each text alone.
+fn single_latency(e: &BertEmbedder, texts: &[&str]) -> Result<(f64, f64)> {
+    let mut ms = Vec::with_capacity(texts.len());
+    for t in texts {
+        let t0 = Instant::now();
+        e.embed(&[t])?;
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() - 1) as f64 * q).round() as usize];
+    Ok((at(0.5), at(0.95)))
 }
 
 pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
@@ -57,25 +87,44 @@ pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
         args.repeats
     );
 
-    let embedder = BertEmbedder::load(
-        &dir,
-        EmbedderOptions {
-            threads: args.threads,
-            batch_size: args.batch_size,
-            device: args.device,
-            ..Default::default()
-        },
-    )?;
-    embedder.embed(&refs[..refs.len().min(64)])?; // warm-up
-    let mut candle_best = f64::INFINITY;
-    let mut ours = Vec::new();
+    let load = |engine| {
+        BertEmbedder::load(
+            &dir,
+            EmbedderOptions {
+                threads: args.threads,
+                batch_size: args.batch_size,
+                device: args.device,
+                engine,
+                ..Default::default()
+            },
+        )
+    };
+    let (native, candle) = (load(EmbedEngine::Native)?, load(EmbedEngine::Candle)?);
+    // Interleaved, so a change in the machine's load touches both.
+    let (mut native_best, mut candle_best) = (f64::INFINITY, f64::INFINITY);
+    let (mut ours, mut theirs_candle) = (Vec::new(), Vec::new());
     for _ in 0..args.repeats.max(1) {
-        let t0 = Instant::now();
-        ours = embedder.embed(&refs)?;
-        candle_best = candle_best.min(t0.elapsed().as_secs_f64());
+        let (t, v) = time_embed(&native, &refs, 1)?;
+        (native_best, ours) = (native_best.min(t), v);
+        let (t, v) = time_embed(&candle, &refs, 1)?;
+        (candle_best, theirs_candle) = (candle_best.min(t), v);
     }
+    let single = &refs[..refs.len().min(args.single.max(1))];
+    let latency = [
+        ("lycheemem (native)", single_latency(&native, single)?),
+        ("lycheemem (candle)", single_latency(&candle, single)?),
+    ];
+    let native_vs_candle = ours
+        .iter()
+        .zip(&theirs_candle)
+        .map(|(a, b)| cosine(a, b))
+        .fold(f32::INFINITY, f32::min);
+    let embedder = &native;
 
-    let mut rows = vec![("lycheemem (candle)".to_string(), candle_best)];
+    let mut rows = vec![
+        ("lycheemem (native)".to_string(), native_best),
+        ("lycheemem (candle)".to_string(), candle_best),
+    ];
     let mut agreement = None;
     if let Some(python) = &args.reference_python {
         let reference = ReferenceRun::new("bench_embed", REFERENCE_SCRIPT)?;
@@ -132,11 +181,23 @@ pub fn run(models_dir: &Path, args: BenchEmbedArgs) -> Result<()> {
             candle_best / secs
         );
     }
-    if let [(_, candle), (_, torch)] = rows.as_slice() {
-        println!("\ncandle throughput = {:.2}x torch", torch / candle);
+    if let [(_, native), (_, candle), (_, torch)] = rows.as_slice() {
+        println!(
+            "\nnative throughput = {:.2}x torch, candle = {:.2}x torch",
+            torch / native,
+            torch / candle
+        );
     }
+    println!(
+        "\n| one text at a time ({} texts) | p50 ms | p95 ms |\n|---|---:|---:|",
+        single.len()
+    );
+    for (name, (p50, p95)) in latency {
+        println!("| {name} | {p50:.2} | {p95:.2} |");
+    }
+    println!("\nagreement native vs candle: cosine min {native_vs_candle:.6}");
     if let Some((min, mean)) = agreement {
-        println!("agreement candle vs torch: cosine min {min:.6}, mean {mean:.6}");
+        println!("agreement native vs torch: cosine min {min:.6}, mean {mean:.6}");
     }
     Ok(())
 }

@@ -2,12 +2,13 @@
 
 use candle_core::{D, DType, Device, IndexOp};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use candle_transformers::models::bert::{BertModel, Config as BertConfig, HiddenAct};
 use lycheemem_core::{ComputeDevice, Error, Result};
 use serde::Deserialize;
 use std::path::Path;
 
 use crate::Embedder;
+use crate::bert_cpu::{Activation, BertShape, CpuBert, Tokens};
 use crate::runtime::{batch_tensors, load_tokenizer, model_err, read_json, thread_pool};
 
 /// How token vectors become one sentence vector.
@@ -35,6 +36,26 @@ pub struct EmbedderOptions {
     pub max_tokens: Option<usize>,
     /// Identifier reported by [`Embedder::model_id`]; default: the folder name.
     pub model_id: Option<String>,
+    /// Which forward pass runs the model (default: the native one on the CPU).
+    pub engine: EmbedEngine,
+}
+
+/// The code that runs the encoder's forward pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EmbedEngine {
+    /// On the CPU, lycheemem's own forward pass (unpadded batches, fused QKV, vectorized GELU
+    /// and softmax, no weight packing for short queries); on a GPU, candle's model.
+    #[default]
+    Native,
+    /// candle-transformers' `BertModel` everywhere (the reference the native pass is tested
+    /// against).
+    Candle,
+}
+
+/// The forward pass in use.
+enum Forward {
+    Candle(BertModel),
+    Cpu(CpuBert),
 }
 
 #[derive(Deserialize)]
@@ -52,7 +73,7 @@ struct SentenceBertConfig {
 
 /// A BERT sentence embedder (see the crate docs).
 pub struct BertEmbedder {
-    model: BertModel,
+    model: Forward,
     tokenizer: tokenizers::Tokenizer,
     device: Device,
     pool: Option<rayon::ThreadPool>,
@@ -105,10 +126,42 @@ impl BertEmbedder {
         if !weights.is_file() {
             return Err(Error::Model(format!("{} is missing", weights.display())));
         }
-        // SAFETY: the file is memory-mapped read-only; model files are not modified while loaded.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }
-            .map_err(model_err("cannot map model.safetensors"))?;
-        let model = BertModel::load(vb, &config).map_err(model_err("cannot load BERT weights"))?;
+        let native = options.engine == EmbedEngine::Native && matches!(device, Device::Cpu);
+        let model = if native {
+            let shape = BertShape {
+                hidden: config.hidden_size,
+                heads: config.num_attention_heads,
+                layers: config.num_hidden_layers,
+                intermediate: config.intermediate_size,
+                max_positions: config.max_position_embeddings,
+                type_vocab: config.type_vocab_size,
+                eps: config.layer_norm_eps as f32,
+                activation: match config.hidden_act {
+                    HiddenAct::Gelu => Activation::Gelu,
+                    HiddenAct::GeluApproximate => Activation::GeluTanh,
+                    HiddenAct::Relu => Activation::Relu,
+                },
+            };
+            let threads = match options.threads {
+                0 => rayon::current_num_threads(),
+                n => n,
+            };
+            Forward::Cpu(CpuBert::load(
+                &weights,
+                shape,
+                config.model_type.as_deref(),
+                threads,
+            )?)
+        } else {
+            // SAFETY: the file is memory-mapped read-only; model files are not modified while
+            // loaded.
+            let vb =
+                unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, &device) }
+                    .map_err(model_err("cannot map model.safetensors"))?;
+            Forward::Candle(
+                BertModel::load(vb, &config).map_err(model_err("cannot load BERT weights"))?,
+            )
+        };
         let model_id = options.model_id.unwrap_or_else(|| {
             dir.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -152,9 +205,12 @@ impl BertEmbedder {
         let mut out = vec![Vec::new(); texts.len()];
         for chunk in order.chunks(self.batch_size) {
             let batch: Vec<&tokenizers::Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
-            let vectors = self
-                .forward(&batch)
-                .map_err(model_err("embedding forward pass"))?;
+            let vectors = match &self.model {
+                Forward::Cpu(model) => self.forward_native(model, &batch)?,
+                Forward::Candle(model) => self
+                    .forward(model, &batch)
+                    .map_err(model_err("embedding forward pass"))?,
+            };
             for (&i, v) in chunk.iter().zip(vectors) {
                 out[i] = v;
             }
@@ -162,9 +218,53 @@ impl BertEmbedder {
         Ok(out)
     }
 
-    fn forward(&self, batch: &[&tokenizers::Encoding]) -> candle_core::Result<Vec<Vec<f32>>> {
+    /// The native CPU forward pass: each text's hidden states pooled and normalized.
+    fn forward_native(
+        &self,
+        model: &CpuBert,
+        batch: &[&tokenizers::Encoding],
+    ) -> Result<Vec<Vec<f32>>> {
+        let texts: Vec<Tokens<'_>> = batch
+            .iter()
+            .map(|e| Tokens {
+                ids: e.get_ids(),
+                types: e.get_type_ids(),
+            })
+            .collect();
+        let hidden = model.forward(&texts)?;
+        let h = self.dimension;
+        Ok(hidden
+            .into_iter()
+            .map(|states| {
+                let rows = (states.len() / h).max(1);
+                let mut v = match self.pooling {
+                    Pooling::Cls => states[..h.min(states.len())].to_vec(),
+                    Pooling::Mean => {
+                        let mut sum = vec![0f32; h];
+                        for row in states.chunks(h) {
+                            for (s, x) in sum.iter_mut().zip(row) {
+                                *s += x;
+                            }
+                        }
+                        sum.iter_mut().for_each(|s| *s /= rows as f32);
+                        sum
+                    }
+                };
+                v.resize(h, 0.0);
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                v.iter_mut().for_each(|x| *x /= norm);
+                v
+            })
+            .collect())
+    }
+
+    fn forward(
+        &self,
+        model: &BertModel,
+        batch: &[&tokenizers::Encoding],
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
         let (ids, types, mask) = batch_tensors(batch, self.pad_id, &self.device)?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask))?;
+        let hidden = model.forward(&ids, &types, Some(&mask))?;
         let pooled = match self.pooling {
             Pooling::Cls => hidden.i((.., 0))?,
             Pooling::Mean => {

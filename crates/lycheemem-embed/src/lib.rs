@@ -11,11 +11,12 @@
 //! Models run where [`ComputeDevice`] says (`auto` by default: the first CUDA GPU when the
 //! `cuda` cargo feature is on and one answers, else the CPU); see [`candle_device`].
 
+mod bert_cpu;
 mod bert_embedder;
 mod cross_encoder;
 mod runtime;
 
-pub use bert_embedder::{BertEmbedder, EmbedderOptions, Pooling};
+pub use bert_embedder::{BertEmbedder, EmbedEngine, EmbedderOptions, Pooling};
 pub use cross_encoder::{CrossEncoder, CrossEncoderArch, CrossEncoderOptions};
 pub use lycheemem_core::ComputeDevice;
 pub use runtime::{CUDA_SUPPORT, candle_device, device_label, resolve_device};

@@ -5,8 +5,8 @@
 //! BERT / XLM-RoBERTa sequence-classification checkpoints computed with `transformers`.
 
 use lycheemem_embed::{
-    CrossEncoder, CrossEncoderArch, CrossEncoderOptions, Embedder, EmbedderOptions, Pooling,
-    Reranker, cosine,
+    CrossEncoder, CrossEncoderArch, CrossEncoderOptions, EmbedEngine, Embedder, EmbedderOptions,
+    Pooling, Reranker, cosine,
 };
 use lycheemem_models::{FetchSource, ModelStore};
 use serde_json::Value;
@@ -98,6 +98,49 @@ fn cls_pooling_is_selectable() {
         cosine(&a[1], &b[1]) < 0.999,
         "CLS pooling must differ from mean pooling"
     );
+}
+
+/// The native CPU forward pass and candle's `BertModel` compute the same embeddings, for both
+/// poolings, one text at a time and in batches, long texts (truncated at 256 tokens) included.
+#[test]
+fn native_forward_matches_candle() {
+    let fx = read("minilm_embeddings.json");
+    let mut texts: Vec<String> = fx["sentences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    texts.push("word ".repeat(400));
+    texts.push("?".into());
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    for pooling in [Pooling::Mean, Pooling::Cls] {
+        let load = |engine, batch_size| {
+            lycheemem_embed::BertEmbedder::load(
+                &minilm_dir(),
+                EmbedderOptions {
+                    engine,
+                    batch_size,
+                    pooling: Some(pooling),
+                    device: lycheemem_embed::ComputeDevice::Cpu,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let reference = load(EmbedEngine::Candle, 32).embed(&texts).unwrap();
+        for batch_size in [1, 4, 64] {
+            let got = load(EmbedEngine::Native, batch_size).embed(&texts).unwrap();
+            assert_eq!(got.len(), reference.len());
+            for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+                let c = cosine(g, r);
+                assert!(
+                    c >= 0.99999,
+                    "{pooling:?}, batch {batch_size}, text {i}: cosine {c}"
+                );
+            }
+        }
+    }
 }
 
 fn check_cross_encoder(dir: &str, key: &str, arch: CrossEncoderArch) {
