@@ -8,7 +8,7 @@
 //! - `cuda-check`: `cargo check` of the binaries with the `cuda` feature, on any machine: the
 //!   CUDA 13.0 compiler and headers come from NVIDIA's PyPI wheels (`scripts/cuda-toolkit.sh`).
 //! - `fixtures`: regenerate the parity fixtures with the reference Python implementations.
-//! - `bench-embed [--locomo PATH]`: embedding throughput, candle vs sentence-transformers.
+//! - `bench-embed [--locomo PATH]`: embedding throughput, native forward and candle vs sentence-transformers.
 //! - `bench-llm [--locomo PATH] [...]`: LLM prefill/decode speed, candle vs llama.cpp.
 //! - `tokenizer-fixtures`: regenerate the GGUF tokenizer fixture with llama.cpp's tokenizer.
 
