@@ -271,8 +271,8 @@ impl CpuBert {
                     &self.position[j * h..(j + 1) * h],
                     &self.token_type[ty * h..(ty + 1) * h],
                 );
-                for c in 0..h {
-                    row[c] = w[c] + p[c] + ty[c];
+                for (((v, w), p), t) in row.iter_mut().zip(w).zip(p).zip(ty) {
+                    *v = w + p + t;
                 }
             }
         }
