@@ -180,6 +180,12 @@ impl CpuBert {
         threads: usize,
     ) -> Result<Self> {
         let h = shape.hidden;
+        if h == 0 || shape.intermediate == 0 || shape.type_vocab == 0 {
+            return Err(Error::Model(format!(
+                "hidden size {h}, intermediate size {} and {} token types must all be positive",
+                shape.intermediate, shape.type_vocab
+            )));
+        }
         if shape.heads == 0 || h % shape.heads != 0 {
             return Err(Error::Model(format!(
                 "hidden size {h} is not a multiple of {} heads",
@@ -190,7 +196,7 @@ impl CpuBert {
         let vocab = w
             .tensors
             .get(&format!("{}embeddings.word_embeddings.weight", w.prefix))
-            .map(|(d, _)| d[0])
+            .and_then(|(d, _)| d.first().copied())
             .unwrap_or(0);
         let word = w.take("embeddings.word_embeddings.weight", &[vocab, h])?;
         let position = w.take(
@@ -246,7 +252,14 @@ impl CpuBert {
         let mut spans = Vec::with_capacity(texts.len());
         let mut total = 0usize;
         for t in texts {
-            if t.ids.len() > self.shape.max_positions || t.ids.len() != t.types.len() {
+            if t.ids.len() != t.types.len() {
+                return Err(Error::Model(format!(
+                    "{} token ids but {} token types",
+                    t.ids.len(),
+                    t.types.len()
+                )));
+            }
+            if t.ids.len() > self.shape.max_positions {
                 return Err(Error::Model(format!(
                     "a text of {} tokens does not fit {} positions",
                     t.ids.len(),
@@ -430,7 +443,7 @@ fn row_dots(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) {
 unsafe fn row_dots_avx512(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) {
     use std::arch::x86_64::*;
     let (k, n) = (l.inputs, l.outputs);
-    assert!(x.len() >= rows * k && out.len() >= rows * n && l.w.len() >= n * k);
+    assert!(k % 16 == 0 && x.len() >= rows * k && out.len() >= rows * n && l.w.len() >= n * k);
     let mut col = 0;
     while col + 4 <= n {
         let w = l.w[col * k..(col + 4) * k].as_ptr();
@@ -556,7 +569,8 @@ fn erf(x: f32) -> f32 {
                         + t * (0.278_868_07
                             + t * (-1.135_203_98
                                 + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    // erfc(z) = t·e^poly; poly ≤ -1.26 for every z ≥ 0, inside the exp's domain.
+    // erfc(z) = t·e^poly; poly ≤ 1e-7 for every z ≥ 0 (it rounds to e^0 there), inside the
+    // exp's domain.
     let erfc = t * exp_nonpositive(poly);
     (1.0 - erfc).copysign(x)
 }
@@ -577,12 +591,19 @@ fn activate(x: &mut [f32], a: Activation, serial: bool) {
     match a {
         Activation::Gelu if serial => gelu_erf(x),
         Activation::Gelu => x.par_chunks_mut(4096).for_each(gelu_erf),
-        Activation::GeluTanh => x.par_chunks_mut(4096).for_each(|c| {
-            for v in c {
-                let u = 0.797_884_6 * (*v + 0.044_715 * *v * *v * *v);
-                *v = 0.5 * *v * (1.0 + u.tanh());
+        Activation::GeluTanh => {
+            let gelu_tanh = |c: &mut [f32]| {
+                for v in c {
+                    let u = 0.797_884_6 * (*v + 0.044_715 * *v * *v * *v);
+                    *v = 0.5 * *v * (1.0 + u.tanh());
+                }
+            };
+            if serial {
+                gelu_tanh(x)
+            } else {
+                x.par_chunks_mut(4096).for_each(gelu_tanh)
             }
-        }),
+        }
         Activation::Relu => x.iter_mut().for_each(|v| *v = v.max(0.0)),
     }
 }
