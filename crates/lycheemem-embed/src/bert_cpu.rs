@@ -186,7 +186,7 @@ impl CpuBert {
                 shape.intermediate, shape.type_vocab
             )));
         }
-        if shape.heads == 0 || h % shape.heads != 0 {
+        if shape.heads == 0 || !h.is_multiple_of(shape.heads) {
             return Err(Error::Model(format!(
                 "hidden size {h} is not a multiple of {} heads",
                 shape.heads
@@ -567,8 +567,8 @@ fn erf(x: f32) -> f32 {
                 + t * (0.096_784_18
                     + t * (-0.186_288_06
                         + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+                            + t * (-1.135_204
+                                + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
     // erfc(z) = t·e^poly; poly ≤ 1e-7 for every z ≥ 0 (it rounds to e^0 there), inside the
     // exp's domain.
     let erfc = t * exp_nonpositive(poly);
