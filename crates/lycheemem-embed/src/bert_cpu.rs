@@ -84,7 +84,6 @@ pub(crate) struct CpuBert {
     word: Vec<f32>,
     position: Vec<f32>,
     token_type: Vec<f32>,
-    vocab: usize,
     embedding_norm: Norm,
     layers: Vec<Layer>,
     threads: usize,
@@ -238,7 +237,6 @@ impl CpuBert {
             word,
             position,
             token_type,
-            vocab,
             embedding_norm,
             layers,
             threads: threads.max(1),
@@ -273,7 +271,7 @@ impl CpuBert {
         for (t, &(start, _)) in texts.iter().zip(&spans) {
             for (j, (&id, &ty)) in t.ids.iter().zip(t.types).enumerate() {
                 let (id, ty) = (id as usize, ty as usize);
-                if id >= self.vocab || ty >= self.shape.type_vocab {
+                if id >= self.word.len() / h || ty >= self.shape.type_vocab {
                     return Err(Error::Model(format!(
                         "token id {id} / type {ty} outside the model's vocabulary"
                     )));
@@ -425,22 +423,28 @@ impl CpuBert {
 fn row_dots(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) {
     let (k, n) = (l.inputs, l.outputs);
     #[cfg(target_arch = "x86_64")]
-    if k % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+    let done = if k % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F (checked above); shapes as documented there.
-        unsafe { row_dots_avx512(x, rows, l, out) };
-        return;
-    }
-    for (col, (w, b)) in l.w.chunks_exact(k).zip(&l.b).enumerate() {
+        unsafe { row_dots_avx512(x, rows, l, out) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    // The columns the blocked kernel left (all of them without AVX-512), one dot at a time.
+    for col in done..n {
+        let w = &l.w[col * k..(col + 1) * k];
         for r in 0..rows {
-            out[r * n + col] = dot(&x[r * k..(r + 1) * k], w) + b;
+            out[r * n + col] = dot(&x[r * k..(r + 1) * k], w) + l.b[col];
         }
     }
 }
 
-/// [`row_dots`] for AVX-512: `k` a multiple of 16, `x` holds `rows × k`, `out` `rows × n`.
+/// [`row_dots`]'s blocked kernel for AVX-512 (`k` a multiple of 16, `x` holds `rows × k`, `out`
+/// `rows × n`): fills the columns of whole blocks of four and returns how many that is.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn row_dots_avx512(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) {
+unsafe fn row_dots_avx512(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) -> usize {
     use std::arch::x86_64::*;
     let (k, n) = (l.inputs, l.outputs);
     assert!(k % 16 == 0 && x.len() >= rows * k && out.len() >= rows * n && l.w.len() >= n * k);
@@ -476,12 +480,7 @@ unsafe fn row_dots_avx512(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) {
         }
         col += 4;
     }
-    for c in col..n {
-        let w = &l.w[c * k..(c + 1) * k];
-        for r in 0..rows {
-            out[r * n + c] = dot(&x[r * k..(r + 1) * k], w) + l.b[c];
-        }
-    }
+    col
 }
 
 /// `x ← LayerNorm(x + residual)` row by row.

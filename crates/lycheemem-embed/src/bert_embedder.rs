@@ -251,8 +251,7 @@ impl BertEmbedder {
                     }
                 };
                 v.resize(h, 0.0);
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                v.iter_mut().for_each(|x| *x /= norm);
+                lycheemem_core::vector::normalize(&mut v);
                 v
             })
             .collect())
