@@ -1,6 +1,9 @@
 //! `lycheemem-bench segment`: how the segmentation policies cut real conversations. On LoCoMo
-//! with the configured embedder, per conversation: exchanges, segments, turns per segment and
-//! finalize-reason counts, for `semantic`, `fixed_window` and `per_exchange`.
+//! with the configured embedder, per conversation: exchanges, segments, turns per segment (mean
+//! and distribution) and finalize-reason counts, for `semantic`, `fixed_window` and
+//! `per_exchange` — and, with `--fit-on`, `semantic_calibrated`: semantic segmentation with a
+//! calibration fitted on other, unlabeled conversations (docs/algorithm.md, "Calibration to the
+//! embedder").
 
 use anyhow::Result;
 use clap::Args;
@@ -22,6 +25,65 @@ pub struct BenchSegmentArgs {
     /// Use the reference-code preset (1000/1500/2000 tokens, threshold 0.55, no exchange cap).
     #[arg(long)]
     reference_code: bool,
+    /// Fit a calibration on these conversation files (any format `lycheemem ingest` reads) and
+    /// add a `semantic_calibrated` row.
+    #[arg(long)]
+    fit_on: Vec<PathBuf>,
+    /// Conversations (by name) the fit leaves out, e.g. the ones segmented here.
+    #[arg(long, value_delimiter = ',')]
+    fit_skip: Vec<String>,
+    /// Only these LoCoMo conversations (default: all).
+    #[arg(long, value_delimiter = ',')]
+    items: Vec<String>,
+}
+
+/// Fits the calibration on `files` without the conversations named in `skip`.
+fn fit_calibration(
+    embedder: &dyn Embedder,
+    files: &[PathBuf],
+    skip: &[String],
+    segment: &SegmentConfig,
+) -> Result<SegmentConfig> {
+    use lycheemem::formats::{Format, read};
+    let mut conversations = Vec::new();
+    for f in files {
+        conversations.extend(
+            read(f, Format::Auto, None, None)?
+                .conversations
+                .into_iter()
+                .filter(|c| c.name.as_ref().is_none_or(|n| !skip.contains(n))),
+        );
+    }
+    let fit = lycheemem::calibrate::fit_segment_calibration(embedder, &conversations, segment)?;
+    let (c, q) = (fit.calibration, fit.quantiles);
+    println!(
+        "calibration fitted on {} conversations ({} sessions, {} scored exchanges): surprise p10 {:.3} p25 {:.3} p50 {:.3} p75 {:.3} p90 {:.3} → surprise_center {:.4}, surprise_scale {:.4}, cohesion_scale {:.4} (published {}, {}, {})\n",
+        conversations.len(),
+        fit.sessions,
+        fit.exchanges,
+        q[0],
+        q[1],
+        q[2],
+        q[3],
+        q[4],
+        c.surprise_center,
+        c.surprise_scale,
+        c.cohesion_scale,
+        segment.abs_surprise_center,
+        segment.abs_surprise_scale,
+        segment.cohesion_scale
+    );
+    let mut calibrated = segment.clone();
+    calibrated.surprise_calibration = lycheemem_core::config::CalibrationSource::Embedder;
+    Ok(calibrated.resolved(Some(&c)))
+}
+
+/// `p`-th percentile (nearest rank) of sorted `v`.
+fn percentile(v: &[usize], p: f64) -> usize {
+    if v.is_empty() {
+        return 0;
+    }
+    v[(((v.len() - 1) as f64) * p).round() as usize]
 }
 
 /// A LoCoMo session's exchanges (one per turn) with their embeddings, ready for a segmenter.
@@ -58,10 +120,45 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
     } else {
         SegmentConfig::default()
     };
-    let conversations = crate::locomo::conversations(&args.locomo)?;
-    println!("| conversation | policy | exchanges | segments | turns/segment | finalize reasons |");
-    println!("|---|---|---:|---:|---:|---|");
+    let calibrated = if args.fit_on.is_empty() {
+        None
+    } else {
+        Some(fit_calibration(
+            &embedder,
+            &args.fit_on,
+            &args.fit_skip,
+            &base,
+        )?)
+    };
+    let mut conversations = crate::locomo::conversations(&args.locomo)?;
+    if !args.items.is_empty() {
+        conversations.retain(|c| args.items.contains(&c.id));
+    }
+    println!(
+        "| conversation | policy | exchanges | segments | turns/segment | p10 | p50 | p90 | max | finalize reasons |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut totals: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut policies = vec![
+        ("semantic", base.clone()),
+        (
+            "fixed_window",
+            SegmentConfig {
+                policy: SegmentPolicy::FixedWindow,
+                ..base.clone()
+            },
+        ),
+        (
+            "per_exchange",
+            SegmentConfig {
+                policy: SegmentPolicy::PerExchange,
+                ..base.clone()
+            },
+        ),
+    ];
+    if let Some(c) = calibrated {
+        policies.insert(1, ("semantic_calibrated", c));
+    }
     for conv in &conversations {
         // Exchanges (each LoCoMo turn is one) and their embeddings, computed once per conversation.
         let mut per_session: Vec<Vec<ExchangeInput>> = Vec::new();
@@ -73,17 +170,11 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
             )?);
         }
         let exchanges: usize = per_session.iter().map(Vec::len).sum();
-        for (name, policy) in [
-            ("semantic", SegmentPolicy::Semantic),
-            ("fixed_window", SegmentPolicy::FixedWindow),
-            ("per_exchange", SegmentPolicy::PerExchange),
-        ] {
-            let segmenter = Segmenter::new(SegmentConfig {
-                policy,
-                ..base.clone()
-            });
+        for (name, cfg) in &policies {
+            let segmenter = Segmenter::new(cfg.clone());
             let mut reasons: BTreeMap<FinalizeReason, usize> = BTreeMap::new();
             let mut segments = 0;
+            let mut sizes: Vec<usize> = Vec::new();
             for (turns, inputs) in conv.sessions.iter().zip(&per_session) {
                 let Some(first) = turns.first() else {
                     continue; // a session without turns has nothing to segment
@@ -96,6 +187,7 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
                 found.extend(segmenter.flush(&mut state));
                 segments += found.len();
                 for s in found {
+                    sizes.push((s.last_turn - s.first_turn + 1) as usize);
                     *reasons.entry(s.reason).or_default() += 1;
                 }
             }
@@ -111,10 +203,15 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
                     )
                 })
                 .collect();
+            sizes.sort_unstable();
             println!(
-                "| {} | {name} | {exchanges} | {segments} | {:.2} | {} |",
+                "| {} | {name} | {exchanges} | {segments} | {:.2} | {} | {} | {} | {} | {} |",
                 conv.id,
                 exchanges as f64 / segments.max(1) as f64,
+                percentile(&sizes, 0.1),
+                percentile(&sizes, 0.5),
+                percentile(&sizes, 0.9),
+                sizes.last().copied().unwrap_or(0),
                 reasons.join(", ")
             );
         }

@@ -2,16 +2,19 @@
 //! construction ablations, its retrieval ablations, and two baselines that build no memory.
 
 use anyhow::{Result, bail};
-use lycheemem_core::config::{LicoMemoryConfig, LicoSummaryMode, RecordStyle, SegmentPolicy};
+use lycheemem_core::config::{
+    CalibrationSource, LicoMemoryConfig, LicoSummaryMode, RecordStyle, SegmentPolicy,
+};
 use lycheemem_core::{Config, MemoryStrategy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Every variant name, in report order.
-pub const VARIANTS: [&str; 17] = [
+pub const VARIANTS: [&str; 18] = [
     "full",
     "eager",
     "fixed_window",
+    "semantic_calibrated",
     "summary_records",
     "no_cross_segment_context",
     "record_vector_only",
@@ -61,6 +64,10 @@ impl Variant {
             "full" | "naive_rag" | "full_context" => {}
             "eager" => config.segment.policy = SegmentPolicy::PerExchange,
             "fixed_window" => config.segment.policy = SegmentPolicy::FixedWindow,
+            // Semantic segmentation with the embedder's fitted calibration (issue #36).
+            "semantic_calibrated" => {
+                config.segment.surprise_calibration = CalibrationSource::Embedder
+            }
             "summary_records" => config.encode.record_style = RecordStyle::SummaryRecords,
             "no_cross_segment_context" => config.encode.cross_segment_context = false,
             "record_vector_only" | "no_planner" | "no_fusion" | "no_rerank" | "no_lexical"
@@ -114,11 +121,19 @@ pub const INGEST_PROTOCOL: u32 = 1;
 
 /// See [`Variant::construction_hash`].
 pub fn construction_hash(config: &Config) -> String {
+    let mut segment = serde_json::to_value(&config.segment).unwrap_or_default();
+    if config.segment.surprise_calibration == CalibrationSource::Published
+        && let Some(map) = segment.as_object_mut()
+    {
+        // Explicit constants (the default, and every resolved config): the hash stays what it
+        // was before the field existed.
+        map.remove("surprise_calibration");
+    }
     let mut key = serde_json::json!({
         "protocol": INGEST_PROTOCOL,
         "embedder": config.models.embedder,
         "encode_llm": config.models.encode_llm,
-        "segment": config.segment,
+        "segment": segment,
         "encode": config.encode,
         "organize": config.organize,
         "store": store_key(config),
@@ -210,5 +225,31 @@ mod tests {
             let v = Variant::new(name, &base).unwrap();
             assert_ne!(v.construction_hash(), lico.construction_hash(), "{name}");
         }
+    }
+
+    #[test]
+    fn calibrated_segmentation_hashes_by_the_constants_it_uses() {
+        use lycheemem_core::config::SegmentCalibration;
+        let base = Config::default();
+        let full = Variant::new("full", &base).unwrap();
+        let mut calibrated = Variant::new("semantic_calibrated", &base).unwrap();
+        // Unresolved, it cannot share `full`'s memory: its constants are not known yet.
+        assert_ne!(calibrated.construction_hash(), full.construction_hash());
+        // An embedder without a calibration segments exactly as `full`.
+        let mut same = calibrated.clone();
+        same.config.segment = same.config.segment.resolved(None);
+        assert_eq!(same.construction_hash(), full.construction_hash());
+        let fitted = SegmentCalibration {
+            surprise_center: 0.62,
+            surprise_scale: 0.11,
+            cohesion_scale: 0.047,
+        };
+        calibrated.config.segment = calibrated.config.segment.resolved(Some(&fitted));
+        assert_eq!(calibrated.config.segment.abs_surprise_center, 0.62);
+        assert_ne!(calibrated.construction_hash(), full.construction_hash());
+        // `full` ignores an embedder's calibration.
+        let mut resolved_full = full.clone();
+        resolved_full.config.segment = resolved_full.config.segment.resolved(Some(&fitted));
+        assert_eq!(resolved_full.construction_hash(), full.construction_hash());
     }
 }

@@ -1,4 +1,4 @@
-//! `lycheemem models list | fetch | verify`.
+//! `lycheemem models list | fetch | verify | calibrate`.
 
 use crate::fetch_progress::fetch_with_progress;
 use anyhow::{Context, Result, bail};
@@ -22,6 +22,29 @@ pub enum ModelsAction {
     },
     /// Re-hash fetched models against the manifest (default: every present model).
     Verify { names: Vec<String> },
+    /// Fit the embedder's segmentation calibration on unlabeled conversation files and print it
+    /// (`--write` stores it in the manifest entry; a config with
+    /// `segment.surprise_calibration = "embedder"` then uses it).
+    Calibrate(Box<CalibrateArgs>),
+}
+
+#[derive(clap::Args)]
+pub struct CalibrateArgs {
+    /// Conversation files (any format `lycheemem ingest` reads).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Leave out these conversations (by name: LoCoMo `sample_id`, LongMemEval `question_id`),
+    /// e.g. the ones the calibration will be evaluated on.
+    #[arg(long, value_delimiter = ',')]
+    skip: Vec<String>,
+    /// Use at most this many conversations per file (in file order).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Store the fit in the manifest entry of the embedder.
+    #[arg(long)]
+    write: bool,
+    #[command(flatten)]
+    models: lycheemem_cli::settings::ModelArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -37,8 +60,9 @@ pub enum Source {
 pub const DEFAULT_MODELS: [&str; 2] = ["all-minilm-l6-v2", "qwen2.5-coder-0.5b-instruct"];
 
 pub fn run(models_dir: &Path, action: ModelsAction) -> Result<()> {
-    let store = ModelStore::open(models_dir)?;
+    let mut store = ModelStore::open(models_dir)?;
     match action {
+        ModelsAction::Calibrate(args) => calibrate(models_dir, &mut store, *args),
         ModelsAction::List => {
             println!(
                 "{:<30} {:<9} {:>10}  {:<10} description",
@@ -108,6 +132,64 @@ pub fn run(models_dir: &Path, action: ModelsAction) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn calibrate(models_dir: &Path, store: &mut ModelStore, args: CalibrateArgs) -> Result<()> {
+    use lycheemem::formats::{self, Format};
+    let cfg = args.models.config()?;
+    let mut conversations = Vec::new();
+    for path in &args.files {
+        let parsed = formats::read(path, Format::Auto, None, None)?;
+        let kept = parsed
+            .conversations
+            .into_iter()
+            .filter(|c| c.name.as_ref().is_none_or(|n| !args.skip.contains(n)))
+            .take(args.limit.unwrap_or(usize::MAX));
+        conversations.extend(kept);
+    }
+    let embedder = lycheemem::Components::embedder_from_config(&cfg, models_dir, &mut |_| {})?;
+    let fit = lycheemem::calibrate::fit_segment_calibration(
+        embedder.as_ref(),
+        &conversations,
+        &cfg.segment,
+    )?;
+    let c = fit.calibration;
+    let q = fit.quantiles;
+    println!(
+        "{}: {} conversations, {} sessions, {} scored exchanges",
+        cfg.models.embedder,
+        conversations.len(),
+        fit.sessions,
+        fit.exchanges
+    );
+    println!(
+        "surprise quantiles p10 {:.3}  p25 {:.3}  p50 {:.3}  p75 {:.3}  p90 {:.3}",
+        q[0], q[1], q[2], q[3], q[4]
+    );
+    println!(
+        "calibration: surprise_center {:.6}  surprise_scale {:.6}  cohesion_scale {:.6}",
+        c.surprise_center, c.surprise_scale, c.cohesion_scale
+    );
+    println!(
+        "(published: abs_surprise_center {}  abs_surprise_scale {}  cohesion_scale {})",
+        cfg.segment.abs_surprise_center, cfg.segment.abs_surprise_scale, cfg.segment.cohesion_scale
+    );
+    if args.write {
+        store.set_segment_calibration(&cfg.models.embedder, &c)?;
+        println!(
+            "stored in {} (model {})",
+            models_dir.join("manifest.toml").display(),
+            cfg.models.embedder
+        );
+    } else {
+        println!(
+            "not stored: pass --write to put it in the manifest entry, or set these in [segment] \
+             with surprise_calibration = \"published\":\n  abs_surprise_center = {:.6}\n  \
+             abs_surprise_scale = {:.6}\n  cohesion_scale = {:.6}",
+            c.surprise_center, c.surprise_scale, c.cohesion_scale
+        );
+    }
+    Ok(())
 }
 
 fn summarize<'a>(states: impl Iterator<Item = &'a FileState>) -> &'static str {

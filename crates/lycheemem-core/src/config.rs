@@ -274,6 +274,15 @@ impl Config {
                 "segment.previous_window and segment.surprise_history must be >= 1".into(),
             ));
         }
+        if [s.abs_surprise_scale, s.cohesion_scale, s.z_mad_scale]
+            .iter()
+            .any(|v| !v.is_finite() || *v <= 0.0)
+        {
+            return Err(Error::Config(
+                "segment.abs_surprise_scale, segment.cohesion_scale and segment.z_mad_scale must be > 0"
+                    .into(),
+            ));
+        }
         if self.encode.reference_note_chars > self.encode.reference_context_chars {
             return Err(Error::Config(
                 "encode.reference_note_chars must not exceed encode.reference_context_chars".into(),
@@ -507,6 +516,65 @@ pub struct SegmentConfig {
     pub turns_base: f64,
     pub turns_step: f64,
     pub turns_cap: f64,
+    /// Where `abs_surprise_center`, `abs_surprise_scale` and `cohesion_scale` come from:
+    /// `published` uses the values above; `embedder` replaces them by the embedder's fitted
+    /// calibration (`lycheemem calibrate-segmentation`, stored with its manifest entry) when it
+    /// has one (docs/algorithm.md, "Calibration to the embedder").
+    pub surprise_calibration: CalibrationSource,
+}
+
+/// Where the similarity-scaled segmentation constants come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CalibrationSource {
+    /// The constants as configured (SPEC §1's by default).
+    Published,
+    /// The embedder's fitted calibration, when its manifest entry carries one.
+    Embedder,
+}
+
+/// An embedder's fitted surprise statistics (see `lycheemem_segment::calibration`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentCalibration {
+    /// Replaces `abs_surprise_center`: the median surprise against the previous exchanges.
+    pub surprise_center: f64,
+    /// Replaces `abs_surprise_scale`: the surprise's robust spread (1.4826 · MAD).
+    pub surprise_scale: f64,
+    /// Replaces `cohesion_scale`.
+    pub cohesion_scale: f64,
+}
+
+impl SegmentCalibration {
+    /// Whether every value is finite and positive (a calibration read from a file may not be).
+    pub fn is_valid(&self) -> bool {
+        [
+            self.surprise_center,
+            self.surprise_scale,
+            self.cohesion_scale,
+        ]
+        .iter()
+        .all(|v| v.is_finite() && *v > 0.0)
+    }
+}
+
+impl SegmentConfig {
+    /// The constants as the segmenter will use them: with `surprise_calibration = "embedder"`
+    /// and a valid `calibration`, its values replace the three similarity-scaled constants.
+    /// The result always says `published` (its values are explicit), so two configs that
+    /// segment alike compare and hash alike.
+    pub fn resolved(&self, calibration: Option<&SegmentCalibration>) -> SegmentConfig {
+        let mut cfg = self.clone();
+        if cfg.surprise_calibration == CalibrationSource::Embedder
+            && let Some(c) = calibration.filter(|c| c.is_valid())
+        {
+            cfg.abs_surprise_center = c.surprise_center;
+            cfg.abs_surprise_scale = c.surprise_scale;
+            cfg.cohesion_scale = c.cohesion_scale;
+        }
+        cfg.surprise_calibration = CalibrationSource::Published;
+        cfg
+    }
 }
 
 impl Default for SegmentConfig {
@@ -548,6 +616,7 @@ impl Default for SegmentConfig {
             turns_base: 0.30,
             turns_step: 0.15,
             turns_cap: 1.0,
+            surprise_calibration: CalibrationSource::Published,
         }
     }
 }
@@ -1150,5 +1219,39 @@ mod tests {
         r.apply_ablation("record_vector_only").unwrap();
         assert!(r.channel_records && !r.channel_nodes && !r.channel_turns && !r.channel_temporal);
         assert!(r.apply_ablation("bogus").is_err());
+    }
+
+    #[test]
+    fn surprise_calibration_parses_validates_and_resolves() {
+        let cfg =
+            Config::from_toml_str("[segment]\nsurprise_calibration = \"embedder\"\n").unwrap();
+        assert_eq!(
+            cfg.segment.surprise_calibration,
+            CalibrationSource::Embedder
+        );
+        assert!(Config::from_toml_str("[segment]\nsurprise_calibration = \"bogus\"\n").is_err());
+        assert!(Config::from_toml_str("[segment]\nabs_surprise_scale = 0.0\n").is_err());
+        let c = SegmentCalibration {
+            surprise_center: 0.39,
+            surprise_scale: 0.17,
+            cohesion_scale: 0.073,
+        };
+        let resolved = cfg.segment.resolved(Some(&c));
+        assert_eq!(resolved.abs_surprise_center, 0.39);
+        assert_eq!(resolved.cohesion_scale, 0.073);
+        assert_eq!(resolved.surprise_calibration, CalibrationSource::Published);
+        // Published keeps its constants; an invalid calibration is ignored.
+        assert_eq!(
+            SegmentConfig::default().resolved(Some(&c)),
+            SegmentConfig::default()
+        );
+        let bad = SegmentCalibration {
+            surprise_scale: f64::NAN,
+            ..c
+        };
+        assert_eq!(
+            cfg.segment.resolved(Some(&bad)).abs_surprise_center,
+            SegmentConfig::default().abs_surprise_center
+        );
     }
 }

@@ -3,6 +3,7 @@
 use candle_core::{D, DType, Device, IndexOp};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config as BertConfig, HiddenAct};
+use lycheemem_core::config::SegmentCalibration;
 use lycheemem_core::{ComputeDevice, Error, Result};
 use serde::Deserialize;
 use std::path::Path;
@@ -83,9 +84,17 @@ pub struct BertEmbedder {
     dimension: usize,
     max_tokens: usize,
     model_id: String,
+    segment_calibration: Option<SegmentCalibration>,
 }
 
 impl BertEmbedder {
+    /// Attaches the segmentation calibration fitted to these weights (the model manifest's
+    /// `segment_calibration`).
+    pub fn with_segment_calibration(mut self, calibration: Option<SegmentCalibration>) -> Self {
+        self.segment_calibration = calibration;
+        self
+    }
+
     /// Loads `config.json`, `tokenizer.json`, `model.safetensors` and, when present,
     /// `1_Pooling/config.json` and `sentence_bert_config.json` from `dir`.
     pub fn load(dir: &Path, options: EmbedderOptions) -> Result<Self> {
@@ -182,6 +191,7 @@ impl BertEmbedder {
             dimension: config.hidden_size,
             max_tokens,
             model_id,
+            segment_calibration: None,
         })
     }
 
@@ -296,5 +306,9 @@ impl Embedder for BertEmbedder {
 
     fn model_id(&self) -> &str {
         &self.model_id
+    }
+
+    fn segment_calibration(&self) -> Option<SegmentCalibration> {
+        self.segment_calibration
     }
 }

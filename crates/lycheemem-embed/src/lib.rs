@@ -34,6 +34,11 @@ pub trait Embedder: Send + Sync {
     fn dimension(&self) -> usize;
     /// A stable identifier of the model (used to key stored vectors).
     fn model_id(&self) -> &str;
+    /// The segmentation calibration fitted to this model's similarity scale, if one is known
+    /// (`segment.surprise_calibration = "embedder"` uses it).
+    fn segment_calibration(&self) -> Option<lycheemem_core::config::SegmentCalibration> {
+        None
+    }
 }
 
 /// Scores passages for relevance to a query; higher is more relevant.

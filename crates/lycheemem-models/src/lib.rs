@@ -14,7 +14,7 @@ mod fetch;
 mod manifest;
 
 pub use fetch::{FetchEvent, FetchSource};
-pub use manifest::{Manifest, ModelEntry, ModelFile, ModelKind, Part};
+pub use manifest::{Manifest, ModelEntry, ModelFile, ModelKind, Part, with_segment_calibration};
 
 use std::path::{Path, PathBuf};
 
@@ -118,6 +118,31 @@ impl ModelStore {
 
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// Stores an embedder's segmentation calibration in `<root>/manifest.toml` (the rest of the
+    /// file unchanged; written to a temporary file and renamed over the old one).
+    pub fn set_segment_calibration(
+        &mut self,
+        name: &str,
+        calibration: &lycheemem_core::config::SegmentCalibration,
+    ) -> Result<(), ModelError> {
+        let path = self.root.join("manifest.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let updated = with_segment_calibration(&text, name, calibration).map_err(|message| {
+            ModelError::Manifest {
+                path: path.clone(),
+                message,
+            }
+        })?;
+        let tmp = self.root.join("manifest.toml.tmp");
+        std::fs::write(&tmp, &updated).map_err(|e| ModelError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
+        self.manifest = Manifest::parse(&updated).map_err(|message| ModelError::Manifest {
+            path: path.clone(),
+            message,
+        })?;
+        Ok(())
     }
 
     /// The folder holding a model's files.

@@ -1,5 +1,6 @@
 //! The model manifest (`models/manifest.toml`): models, their files, sizes, hashes and sources.
 
+use lycheemem_core::config::SegmentCalibration;
 use serde::Deserialize;
 use std::path::Path;
 
@@ -39,7 +40,7 @@ pub struct ModelFile {
 }
 
 /// One model of the manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelEntry {
     pub name: String,
@@ -47,6 +48,10 @@ pub struct ModelEntry {
     pub description: String,
     pub license: String,
     pub hf_repo: Option<String>,
+    /// Embedders: the segmentation calibration fitted to their similarity scale
+    /// (`lycheemem calibrate-segmentation`).
+    #[serde(default)]
+    pub segment_calibration: Option<SegmentCalibration>,
     #[serde(rename = "file")]
     pub files: Vec<ModelFile>,
 }
@@ -58,7 +63,7 @@ impl ModelEntry {
 }
 
 /// The parsed manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
     #[serde(rename = "model")]
@@ -84,6 +89,20 @@ impl Manifest {
         for m in &manifest.models {
             if !names.insert(&m.name) {
                 return Err(format!("model {:?} is listed twice", m.name));
+            }
+            if let Some(c) = &m.segment_calibration {
+                if m.kind != ModelKind::Embedder {
+                    return Err(format!(
+                        "{}: only an embedder carries a segment_calibration",
+                        m.name
+                    ));
+                }
+                if !c.is_valid() {
+                    return Err(format!(
+                        "{}: segment_calibration values must be finite and positive",
+                        m.name
+                    ));
+                }
             }
             for f in &m.files {
                 let bad_hash =
@@ -123,6 +142,78 @@ impl Manifest {
                     .join(", "),
             })
     }
+}
+
+/// `text` (a manifest) with the `segment_calibration` of model `name` set to `c`, the rest of
+/// the file (comments, order) untouched. The values are written to 6 decimals; the result is
+/// parsed back and checked.
+pub fn with_segment_calibration(
+    text: &str,
+    name: &str,
+    c: &SegmentCalibration,
+) -> Result<String, String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let is_header = |l: &str| l.trim_start().starts_with('[');
+    let names_model = |l: &str| {
+        let l = l.trim();
+        l.strip_prefix("name")
+            .map(str::trim_start)
+            .and_then(|r| r.strip_prefix('='))
+            .map(|r| r.trim().trim_matches(|q| q == '"' || q == '\''))
+            == Some(name)
+    };
+    let mut start = None;
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim() == "[[model]]" {
+            let end = (i + 1..lines.len())
+                .find(|&j| is_header(lines[j]))
+                .unwrap_or(lines.len());
+            if lines[i + 1..end].iter().any(|l| names_model(l)) {
+                start = Some((i + 1, end));
+                break;
+            }
+        }
+    }
+    let (start, end) = start.ok_or_else(|| format!("the manifest has no model {name:?}"))?;
+    let rounded = |v: f64| format!("{v:.6}");
+    let line = format!(
+        "segment_calibration = {{ surprise_center = {}, surprise_scale = {}, cohesion_scale = {} }}",
+        rounded(c.surprise_center),
+        rounded(c.surprise_scale),
+        rounded(c.cohesion_scale)
+    );
+    let mut block: Vec<String> = lines[start..end]
+        .iter()
+        .filter(|l| !l.trim_start().starts_with("segment_calibration"))
+        .map(|l| l.to_string())
+        .collect();
+    // Before the block's trailing blank lines.
+    let at = block
+        .iter()
+        .rposition(|l| !l.trim().is_empty())
+        .map_or(0, |p| p + 1);
+    block.insert(at, line);
+    let mut out: Vec<String> = lines[..start].iter().map(|l| l.to_string()).collect();
+    out.extend(block);
+    out.extend(lines[end..].iter().map(|l| l.to_string()));
+    let mut out = out.join("\n");
+    if text.ends_with('\n') {
+        out.push('\n');
+    }
+    let parsed = Manifest::parse(&out)?;
+    let got = parsed
+        .get(name)
+        .map_err(|e| e.to_string())?
+        .segment_calibration
+        .ok_or("the calibration did not land in the manifest")?;
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.abs().max(1.0);
+    if !(close(got.surprise_center, c.surprise_center)
+        && close(got.surprise_scale, c.surprise_scale)
+        && close(got.cohesion_scale, c.cohesion_scale))
+    {
+        return Err("the calibration read back differs from the one written".into());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -171,5 +262,69 @@ mod tests {
         assert!(Manifest::parse(&file("../m.gguf", &ok)).is_err());
         assert!(Manifest::parse(&file("/m.gguf", &ok)).is_err());
         assert!(Manifest::parse(&file("m.gguf", "xyz")).is_err());
+    }
+
+    #[test]
+    fn segment_calibration_only_on_embedders_and_valid() {
+        let entry = |kind: &str, calibration: &str| {
+            format!(
+                "[[model]]\nname='x'\nkind='{kind}'\ndescription=''\nlicense=''\n{calibration}\n[[model.file]]\npath='m'\nsize=1\nsha256='{}'\n",
+                "a".repeat(64)
+            )
+        };
+        let good = "segment_calibration = { surprise_center = 0.6, surprise_scale = 0.1, cohesion_scale = 0.04 }";
+        let m = Manifest::parse(&entry("embedder", good)).unwrap();
+        let c = m.get("x").unwrap().segment_calibration.unwrap();
+        assert_eq!(c.surprise_center, 0.6);
+        assert!(Manifest::parse(&entry("llm", good)).is_err());
+        let zero = good.replace("0.1", "0.0");
+        assert!(Manifest::parse(&entry("embedder", &zero)).is_err());
+        let nan = good.replace("0.1", "nan");
+        assert!(Manifest::parse(&entry("embedder", &nan)).is_err());
+        let typo = good.replace("surprise_scale", "surprise_scal");
+        assert!(Manifest::parse(&entry("embedder", &typo)).is_err());
+    }
+
+    #[test]
+    fn writing_a_calibration_keeps_the_rest_of_the_manifest() {
+        let text = include_str!("../../../models/manifest.toml");
+        let c = SegmentCalibration {
+            surprise_center: 0.6123456789,
+            surprise_scale: 0.1,
+            cohesion_scale: 0.042857,
+        };
+        let out = with_segment_calibration(text, "all-minilm-l6-v2", &c).unwrap();
+        let m = Manifest::parse(&out).unwrap();
+        let got = m
+            .get("all-minilm-l6-v2")
+            .unwrap()
+            .segment_calibration
+            .unwrap();
+        assert!((got.surprise_center - 0.612346).abs() < 1e-9);
+        // Everything else is as it was: the same models, files and comments.
+        let before = Manifest::parse(text).unwrap();
+        assert_eq!(m.models.len(), before.models.len());
+        for (a, b) in m.models.iter().zip(&before.models) {
+            assert_eq!(a.files, b.files);
+        }
+        assert!(out.starts_with(&text[..200]));
+        let removed: Vec<&str> = out
+            .lines()
+            .filter(|l| !l.starts_with("segment_calibration"))
+            .collect();
+        let original: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("segment_calibration"))
+            .collect();
+        assert_eq!(removed, original);
+        // Rewriting replaces the line instead of adding a second one.
+        let again = with_segment_calibration(&out, "all-minilm-l6-v2", &c).unwrap();
+        assert_eq!(
+            again.matches("segment_calibration =").count(),
+            out.matches("segment_calibration =").count()
+        );
+        // Unknown models and non-embedders are refused.
+        assert!(with_segment_calibration(text, "nope", &c).is_err());
+        assert!(with_segment_calibration(text, "smollm2-135m-instruct", &c).is_err());
     }
 }

@@ -6,9 +6,12 @@
 //!   assistant replies that follow; two-speaker logs make every turn an exchange).
 //! - [`signals`]: the boundary signals (surprise, cohesion drop, robust z, length and turn
 //!   pressure) as pure functions.
+//! - [`calibration`]: fits the similarity-scaled constants to an embedder from unlabeled
+//!   conversations.
 //! - [`segmenter`]: the policies (`semantic`, `per_exchange`, `fixed_window`) over one
 //!   serializable per-session state, with a decision log of every feature of every decision.
 
+pub mod calibration;
 pub mod exchanges;
 pub mod segmenter;
 pub mod signals;

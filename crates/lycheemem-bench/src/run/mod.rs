@@ -375,10 +375,18 @@ fn prepare<'a>(
     backends: &'a Backends,
     progress: &mut dyn FnMut(String),
 ) -> Result<(RunContext<'a>, Arc<crate::replay::ReplayLlm>)> {
+    let calibration = backends.components.embedder.segment_calibration();
     let variants: Vec<Variant> = spec
         .variants
         .iter()
-        .map(|v| Variant::new(v, base))
+        .map(|v| {
+            // Segmentation constants as the memory will use them, so the construction hash
+            // follows the embedder's calibration.
+            Variant::new(v, base).map(|mut v| {
+                v.config.segment = v.config.segment.resolved(calibration.as_ref());
+                v
+            })
+        })
         .collect::<Result<_>>()?;
     check_variant_items(dataset, spec)?;
     std::fs::create_dir_all(spec.out.join("predictions"))
