@@ -44,46 +44,24 @@ fn fit_calibration(
     skip: &[String],
     segment: &SegmentConfig,
 ) -> Result<SegmentConfig> {
-    use lycheemem::formats::{Format, read};
-    let mut conversations = Vec::new();
-    for f in files {
-        conversations.extend(
-            read(f, Format::Auto, None, None)?
-                .conversations
-                .into_iter()
-                .filter(|c| c.name.as_ref().is_none_or(|n| !skip.contains(n))),
-        );
-    }
+    let conversations = lycheemem::calibrate::read_conversations(files, skip, None)?;
     let fit = lycheemem::calibrate::fit_segment_calibration(embedder, &conversations, segment)?;
-    let (c, q) = (fit.calibration, fit.quantiles);
     println!(
-        "calibration fitted on {} conversations ({} sessions, {} scored exchanges): surprise p10 {:.3} p25 {:.3} p50 {:.3} p75 {:.3} p90 {:.3} → surprise_center {:.4}, surprise_scale {:.4}, cohesion_scale {:.4} (published {}, {}, {})\n",
+        "calibration fitted on {} conversations, {}\n(published: {}, {}, {})\n",
         conversations.len(),
-        fit.sessions,
-        fit.exchanges,
-        q[0],
-        q[1],
-        q[2],
-        q[3],
-        q[4],
-        c.surprise_center,
-        c.surprise_scale,
-        c.cohesion_scale,
+        fit.describe(),
         segment.abs_surprise_center,
         segment.abs_surprise_scale,
         segment.cohesion_scale
     );
     let mut calibrated = segment.clone();
     calibrated.surprise_calibration = lycheemem_core::config::CalibrationSource::Embedder;
-    Ok(calibrated.resolved(Some(&c)))
+    Ok(calibrated.resolved(Some(&fit.calibration)))
 }
 
-/// `p`-th percentile (nearest rank) of sorted `v`.
+/// `p`-th percentile (nearest rank) of sorted `v`, 0 when empty.
 fn percentile(v: &[usize], p: f64) -> usize {
-    if v.is_empty() {
-        return 0;
-    }
-    v[(((v.len() - 1) as f64) * p).round() as usize]
+    lycheemem_segment::calibration::nearest_rank(v, p).unwrap_or(0)
 }
 
 /// A LoCoMo session's exchanges (one per turn) with their embeddings, ready for a segmenter.

@@ -135,18 +135,9 @@ pub fn run(models_dir: &Path, action: ModelsAction) -> Result<()> {
 }
 
 fn calibrate(models_dir: &Path, store: &mut ModelStore, args: CalibrateArgs) -> Result<()> {
-    use lycheemem::formats::{self, Format};
     let cfg = args.models.config()?;
-    let mut conversations = Vec::new();
-    for path in &args.files {
-        let parsed = formats::read(path, Format::Auto, None, None)?;
-        let kept = parsed
-            .conversations
-            .into_iter()
-            .filter(|c| c.name.as_ref().is_none_or(|n| !args.skip.contains(n)))
-            .take(args.limit.unwrap_or(usize::MAX));
-        conversations.extend(kept);
-    }
+    let conversations =
+        lycheemem::calibrate::read_conversations(&args.files, &args.skip, args.limit)?;
     let embedder = lycheemem::Components::embedder_from_config(&cfg, models_dir, &mut |_| {})?;
     let fit = lycheemem::calibrate::fit_segment_calibration(
         embedder.as_ref(),
@@ -154,21 +145,11 @@ fn calibrate(models_dir: &Path, store: &mut ModelStore, args: CalibrateArgs) -> 
         &cfg.segment,
     )?;
     let c = fit.calibration;
-    let q = fit.quantiles;
     println!(
-        "{}: {} conversations, {} sessions, {} scored exchanges",
+        "{}: {} conversations, {}",
         cfg.models.embedder,
         conversations.len(),
-        fit.sessions,
-        fit.exchanges
-    );
-    println!(
-        "surprise quantiles p10 {:.3}  p25 {:.3}  p50 {:.3}  p75 {:.3}  p90 {:.3}",
-        q[0], q[1], q[2], q[3], q[4]
-    );
-    println!(
-        "calibration: surprise_center {:.6}  surprise_scale {:.6}  cohesion_scale {:.6}",
-        c.surprise_center, c.surprise_scale, c.cohesion_scale
+        fit.describe()
     );
     println!(
         "(published: abs_surprise_center {}  abs_surprise_scale {}  cohesion_scale {})",

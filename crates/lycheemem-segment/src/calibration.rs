@@ -36,10 +36,35 @@ pub struct CalibrationFit {
     pub quantiles: [f64; 5],
 }
 
+/// The `q`-quantile (nearest rank) of `sorted`; `None` when it is empty.
+pub fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let last = sorted.len().checked_sub(1)?;
+    let i = (last as f64 * q.clamp(0.0, 1.0)).round() as usize;
+    Some(sorted[i.min(last)])
+}
+
 fn quantile(sorted: &[f64], q: f64) -> f64 {
-    // Nearest rank on a sorted, non-empty slice.
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    nearest_rank(sorted, q).unwrap_or(f64::NAN)
+}
+
+impl CalibrationFit {
+    /// Three lines for people: what it saw, the surprise quantiles, the fitted constants.
+    pub fn describe(&self) -> String {
+        let (c, q) = (&self.calibration, &self.quantiles);
+        format!(
+            "{} sessions, {} scored exchanges\nsurprise quantiles p10 {:.3}  p25 {:.3}  p50 {:.3}  p75 {:.3}  p90 {:.3}\ncalibration: surprise_center {:.6}  surprise_scale {:.6}  cohesion_scale {:.6}",
+            self.sessions,
+            self.exchanges,
+            q[0],
+            q[1],
+            q[2],
+            q[3],
+            q[4],
+            c.surprise_center,
+            c.surprise_scale,
+            c.cohesion_scale
+        )
+    }
 }
 
 /// Fits a calibration from sessions of unit exchange vectors (each session in order).
@@ -120,6 +145,17 @@ mod tests {
         let ratio = fit.calibration.cohesion_scale / fit.calibration.surprise_scale;
         assert!((ratio - PUBLISHED_COHESION_SCALE / PUBLISHED_SURPRISE_SCALE).abs() < 1e-9);
         assert!(fit.quantiles.windows(2).all(|w| w[0] <= w[1]));
+        assert!(fit.describe().contains("50 scored exchanges"));
+    }
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v = [1, 2, 3, 4, 5];
+        assert_eq!(nearest_rank(&v, 0.0), Some(1));
+        assert_eq!(nearest_rank(&v, 0.5), Some(3));
+        assert_eq!(nearest_rank(&v, 1.0), Some(5));
+        assert_eq!(nearest_rank(&v, 7.0), Some(5));
+        assert_eq!(nearest_rank::<u8>(&[], 0.5), None);
     }
 
     #[test]

@@ -3,18 +3,39 @@
 //! way a memory cuts it, every exchange is embedded as the segmenter embeds it, and
 //! [`lycheemem_segment::calibration::fit`] measures the surprise distribution.
 
-use crate::formats::Conversation;
+use crate::formats::{Conversation, Format, read};
 use lycheemem_core::config::SegmentConfig;
 use lycheemem_core::{Error, Result, SessionId, Turn};
 use lycheemem_embed::Embedder;
 use lycheemem_segment::calibration::{CalibrationFit, fit};
 use lycheemem_segment::{ExchangeBuilder, ExchangeMode};
+use std::path::PathBuf;
 
 /// Exchanges embedded per call, so memory stays bounded on large corpora.
 const EMBED_CHUNK: usize = 256;
 
 /// Fewest scored exchanges a calibration is fitted from.
 pub const MIN_CALIBRATION_EXCHANGES: usize = 200;
+
+/// The conversations of `files` (any format [`read`] detects) except those named in `skip`, at
+/// most `per_file` from each file (in file order).
+pub fn read_conversations(
+    files: &[PathBuf],
+    skip: &[String],
+    per_file: Option<usize>,
+) -> Result<Vec<Conversation>> {
+    let mut out = Vec::new();
+    for path in files {
+        out.extend(
+            read(path, Format::Auto, None, None)?
+                .conversations
+                .into_iter()
+                .filter(|c| c.name.as_ref().is_none_or(|n| !skip.contains(n)))
+                .take(per_file.unwrap_or(usize::MAX)),
+        );
+    }
+    Ok(out)
+}
 
 /// The embedding texts of each session's exchanges (chat logs: a user message and its replies;
 /// logs with named speakers: one turn each, as a memory groups them).
