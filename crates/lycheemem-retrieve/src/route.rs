@@ -424,17 +424,14 @@ fn expand_nodes(
     let mut ids: Vec<String> = node_hits.iter().map(|(id, _, _)| id.clone()).collect();
     ids.sort();
     ids.dedup();
-    let nodes: HashMap<String, lycheemem_core::EvidenceNode> = ctx
+    // Large nodes come back unlisted: they are searched, not scored member by member.
+    let nodes: HashMap<String, Option<Vec<String>>> = ctx
         .store
-        .nodes(ctx.ns, &ids)?
+        .node_members(ctx.ns, &ids, LARGE_NODE)?
         .into_iter()
-        .map(|n| (n.node_id.clone(), n))
+        .map(|n| (n.node_id, n.record_ids))
         .collect();
-    let mut small: Vec<String> = nodes
-        .values()
-        .filter(|n| n.record_ids.len() <= LARGE_NODE)
-        .flat_map(|n| n.record_ids.iter().cloned())
-        .collect();
+    let mut small: Vec<String> = nodes.values().flatten().flatten().cloned().collect();
     small.sort();
     small.dedup();
     let items: Vec<ItemRef> = small.iter().cloned().map(ItemRef::Record).collect();
@@ -448,9 +445,8 @@ fn expand_nodes(
             continue;
         };
         let query = &variant_vectors[*vi];
-        let scored: Vec<(f32, String)> = if node.record_ids.len() <= LARGE_NODE {
-            let mut s: Vec<(f32, String)> = node
-                .record_ids
+        let scored: Vec<(f32, String)> = if let Some(members) = node {
+            let mut s: Vec<(f32, String)> = members
                 .iter()
                 .filter_map(|id| {
                     vectors
@@ -462,9 +458,8 @@ fn expand_nodes(
             s.truncate(rec_n);
             s
         } else {
-            let members: Vec<String> = node.record_ids.iter().cloned().collect();
             ctx.store
-                .vector_search_within(ctx.ns, Target::Record, query, rec_n, &members)?
+                .vector_search_node(ctx.ns, node_id, query, rec_n)?
                 .into_iter()
                 .filter_map(|h| match h.item {
                     ItemRef::Record(id) => Some((r_of(h.score), id)),

@@ -11,9 +11,11 @@
 //! `k` plus a margin; their scores are then recomputed in single precision exactly as the
 //! embedded backend's, and ties are ranked by id.
 
-use lycheemem_core::{Error, EvidenceNode, Namespace, Result, SessionId};
+use lycheemem_core::{EvidenceNode, Namespace, Result, SessionId};
 use lycheemem_store::text::{self, Bm25};
-use lycheemem_store::{Hit, ItemRef, StoreSearch, Target, VectorQuery};
+use lycheemem_store::{
+    Hit, ItemRef, StoreLookup, StoreSearch, Target, VectorQuery, check_query_dims,
+};
 use pgvector::Vector;
 use postgres::types::ToSql;
 use std::collections::HashMap;
@@ -68,13 +70,7 @@ impl PgStore {
         k: usize,
         filter: Filter<'_>,
     ) -> Result<Vec<Hit>> {
-        if vector.len() != self.options.dims {
-            return Err(Error::InvalidInput(format!(
-                "query vector has {} dimensions, the store holds {}",
-                vector.len(),
-                self.options.dims
-            )));
-        }
+        check_query_dims(vector, self.options.dims)?;
         if k == 0 {
             return Ok(Vec::new());
         }
@@ -177,6 +173,20 @@ impl StoreSearch for PgStore {
         ids: &[String],
     ) -> Result<Vec<Hit>> {
         self.search_vectors(ns, target, vector, k, Filter::Ids(ids))
+    }
+
+    fn vector_search_node(
+        &self,
+        ns: &Namespace,
+        node_id: &str,
+        vector: &[f32],
+        k: usize,
+    ) -> Result<Vec<Hit>> {
+        let Some(node) = self.nodes(ns, &[node_id.to_string()])?.into_iter().next() else {
+            return Ok(Vec::new());
+        };
+        let ids: Vec<String> = node.record_ids.into_iter().collect();
+        self.vector_search_within(ns, Target::Record, vector, k, &ids)
     }
 
     fn text_search(

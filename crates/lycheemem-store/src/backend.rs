@@ -16,8 +16,8 @@ use std::io::{BufRead, Write};
 
 use crate::transfer::{EmbedFn, ExportOptions, ImportReceipt};
 use crate::types::{
-    DeleteReceipt, Hit, ItemRef, NamespaceStats, SegmentRow, SegmentWrite, SessionInfo, Target,
-    VectorQuery, WriteReceipt,
+    DeleteReceipt, Hit, ItemRef, NamespaceStats, NodeMembers, SegmentRow, SegmentWrite,
+    SessionInfo, Target, VectorQuery, WriteReceipt,
 };
 
 /// Point reads by id: what encoding and retrieval look up.
@@ -38,6 +38,24 @@ pub trait StoreLookup: Send + Sync {
 
     /// The nodes with these ids that exist, in the order asked.
     fn nodes(&self, ns: &Namespace, ids: &[String]) -> Result<Vec<EvidenceNode>>;
+
+    /// The record links of the nodes with these ids that exist, in the order asked: each node's
+    /// record count, and its record ids when it links at most `list_up_to` records (node
+    /// expansion scores a small node's records one by one and searches a large one with
+    /// [`StoreSearch::vector_search_node`]). A backend may answer large nodes without decoding
+    /// their member lists.
+    fn node_members(
+        &self,
+        ns: &Namespace,
+        ids: &[String],
+        list_up_to: usize,
+    ) -> Result<Vec<NodeMembers>> {
+        Ok(self
+            .nodes(ns, ids)?
+            .into_iter()
+            .map(|n| NodeMembers::of(n, list_up_to))
+            .collect())
+    }
 
     fn state(
         &self,
@@ -67,6 +85,18 @@ pub trait StoreSearch: Send + Sync {
         vector: &[f32],
         k: usize,
         ids: &[String],
+    ) -> Result<Vec<Hit>>;
+
+    /// The `k` records linked to evidence node `node_id` nearest to `vector`: the same hits as
+    /// [`StoreSearch::vector_search_within`] over the node's record ids (none when the node
+    /// does not exist). A backend may keep a large node's members resolved to index keys
+    /// between calls, as long as every write that returned is seen.
+    fn vector_search_node(
+        &self,
+        ns: &Namespace,
+        node_id: &str,
+        vector: &[f32],
+        k: usize,
     ) -> Result<Vec<Hit>>;
 
     /// BM25 top-`k` among one namespace's items of one target, optionally within a session.

@@ -73,6 +73,6 @@ pub use transfer::{
     read_import, write_import,
 };
 pub use types::{
-    DeleteReceipt, Hit, ItemRef, NamespaceStats, SegmentOutcome, SegmentRow, SegmentWrite,
-    SessionInfo, StoreOptions, Target, VectorQuery, WriteReceipt,
+    DeleteReceipt, Hit, ItemRef, NamespaceStats, NodeMembers, SegmentOutcome, SegmentRow,
+    SegmentWrite, SessionInfo, StoreOptions, Target, VectorQuery, WriteReceipt, check_query_dims,
 };

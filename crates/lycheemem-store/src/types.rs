@@ -140,12 +140,48 @@ impl fmt::Display for ItemRef {
     }
 }
 
+/// An evidence node's record links as node expansion needs them
+/// ([`crate::StoreLookup::node_members`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMembers {
+    pub node_id: String,
+    /// How many records the node links.
+    pub records: usize,
+    /// The linked record ids (sorted) when the node links at most the `list_up_to` asked for;
+    /// `None` for a larger node, which is searched with
+    /// [`crate::StoreSearch::vector_search_node`] instead of listed.
+    pub record_ids: Option<Vec<String>>,
+}
+
+impl NodeMembers {
+    /// The members of `node`, listed when it links at most `list_up_to` records.
+    pub fn of(node: EvidenceNode, list_up_to: usize) -> NodeMembers {
+        let records = node.record_ids.len();
+        NodeMembers {
+            node_id: node.node_id,
+            records,
+            record_ids: (records <= list_up_to).then(|| node.record_ids.into_iter().collect()),
+        }
+    }
+}
+
 /// One search result. `score` is cosine similarity for vector search and BM25 for full text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hit {
     pub item: ItemRef,
     pub target: Target,
     pub score: f32,
+}
+
+/// A query vector must have the store's dimension.
+pub fn check_query_dims(vector: &[f32], dims: usize) -> Result<()> {
+    if vector.len() == dims {
+        return Ok(());
+    }
+    Err(Error::InvalidInput(format!(
+        "query vector has {} dimensions, the store holds {dims}",
+        vector.len()
+    )))
 }
 
 /// A nearest-neighbour query.

@@ -602,6 +602,85 @@ fn scoring_vectors_match_the_stored_vectors_by_cosine() {
 }
 
 #[test]
+fn node_members_and_node_search_see_every_write_that_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let a = ns("alice");
+    add_turns(&*store, &a, "s", 6, 0);
+    // One node linking 70 records: large enough for a backend to keep it resolved.
+    let texts: Vec<String> = (0..70).map(|i| format!("Alice fact number {i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let w = segment_write(&a, "s", 0, 3, &refs, 10);
+    let node_id = w.nodes[0].0.node_id.clone();
+    let mut records: Vec<lycheemem_core::Record> =
+        w.records.iter().map(|(r, _)| r.clone()).collect();
+    store.commit_segment(&a, w).unwrap();
+    let ids = vec![node_id.clone(), "entity:nobody".to_string()];
+
+    let listed = store.node_members(&a, &ids, 100).unwrap();
+    assert_eq!(listed.len(), 1, "a missing node is left out");
+    let mut expected: Vec<String> = records.iter().map(|r| r.record_id.clone()).collect();
+    expected.sort();
+    assert_eq!(listed[0].records, 70);
+    assert_eq!(listed[0].record_ids.as_deref(), Some(expected.as_slice()));
+    let unlisted = store.node_members(&a, &ids, 10).unwrap();
+    assert_eq!((unlisted[0].records, &unlisted[0].record_ids), (70, &None));
+
+    let by_node = |q: &[f32], k: usize| store.vector_search_node(&a, &node_id, q, k).unwrap();
+    let within = |q: &[f32], k: usize, ids: &[String]| {
+        store
+            .vector_search_within(&a, Target::Record, q, k, ids)
+            .unwrap()
+    };
+    let q = vector(15);
+    assert_eq!(by_node(&q, 5), within(&q, 5, &expected));
+    assert_eq!(
+        by_node(&q, 1)[0].item,
+        ItemRef::Record(records[5].record_id.clone())
+    );
+    assert!(
+        store
+            .vector_search_node(&a, "entity:nobody", &q, 5)
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.vector_search_node(&a, &node_id, &[1.0], 5).is_err());
+
+    // A later segment adds a record to the node: the next search sees it.
+    let fresh = vector(999);
+    let mut w = segment_write(&a, "s", 4, 5, &["Alice moved to Lisbon"], 999);
+    let lisbon = w.records[0].0.clone();
+    assert_ne!(
+        by_node(&fresh, 1)[0].item,
+        ItemRef::Record(lisbon.record_id.clone())
+    );
+    records.push(lisbon.clone());
+    let all: Vec<&lycheemem_core::Record> = records.iter().collect();
+    let merged = node(
+        NodeKind::Entity,
+        &w.nodes[0].0.key.replace("-4", "-0"),
+        &all,
+    );
+    assert_eq!(merged.node_id, node_id);
+    w.nodes = vec![(merged, Some(vector(1010)))];
+    store.commit_segment(&a, w).unwrap();
+    let hit = &by_node(&fresh, 1)[0];
+    assert_eq!(hit.item, ItemRef::Record(lisbon.record_id.clone()));
+    assert!(hit.score > 0.999);
+    assert_eq!(store.node_members(&a, &ids, 10).unwrap()[0].records, 71);
+
+    // Deleting the record unlinks it at once.
+    store.delete_record(&a, &lisbon.record_id).unwrap();
+    assert_eq!(store.node_members(&a, &ids, 10).unwrap()[0].records, 70);
+    assert!(
+        by_node(&fresh, 70)
+            .iter()
+            .all(|h| h.item != ItemRef::Record(lisbon.record_id.clone()))
+    );
+    assert_eq!(by_node(&fresh, 70).len(), 70);
+}
+
+#[test]
 fn a_restated_record_keeps_its_first_statement_and_unions_the_cited_turns() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());

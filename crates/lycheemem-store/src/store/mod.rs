@@ -22,6 +22,7 @@ use crate::tables::*;
 use crate::types::*;
 use crate::vectors::VectorIndexes;
 
+mod node_cache;
 mod reads;
 mod recovery;
 mod search;
@@ -40,6 +41,8 @@ pub struct Store {
     write: Mutex<()>,
     vectors: RwLock<VectorIndexes>,
     text: RwLock<FullText>,
+    /// Large nodes' members resolved to index keys, cleared by every write.
+    node_cache: RwLock<node_cache::NodeCache>,
     /// Held for the store's lifetime: the process lock on the directory.
     _lock: File,
 }
@@ -117,6 +120,7 @@ impl Store {
             write: Mutex::new(()),
             vectors: RwLock::new(vectors),
             text: RwLock::new(text),
+            node_cache: RwLock::default(),
             _lock: lock,
         };
         store.recover()?;
@@ -196,6 +200,10 @@ impl Store {
             (value, w.finish()?)
         };
         txn.commit().map_err(db_err)?;
+        self.node_cache
+            .write()
+            .unwrap_or_else(lock_poisoned)
+            .invalidate();
         let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
         let mut text = self.text.write().unwrap_or_else(lock_poisoned);
         self.apply_changes(&mut vectors, &mut text, seq)?;

@@ -38,6 +38,53 @@ impl StoreLookup for Store {
         Ok(rows.into_iter().map(|r| r.node).collect())
     }
 
+    fn node_members(
+        &self,
+        ns: &Namespace,
+        ids: &[String],
+        list_up_to: usize,
+    ) -> Result<Vec<NodeMembers>> {
+        let generation = self.node_cache_generation();
+        let txn = self.read()?;
+        let nodes = txn.open_table(NODES).map_err(db_err)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let key = keys::ns_str(ns, id);
+            let cached = self
+                .node_cache
+                .read()
+                .unwrap_or_else(lock_poisoned)
+                .get(&key);
+            let row = match cached {
+                Some(node) if node.ids.len() > list_up_to => {
+                    out.push(NodeMembers {
+                        node_id: id.clone(),
+                        records: node.ids.len(),
+                        record_ids: None,
+                    });
+                    continue;
+                }
+                _ => match get_json::<NodeRow>(&nodes, &key, "node")? {
+                    Some(row) => row,
+                    None => continue,
+                },
+            };
+            let records = row.node.record_ids.len();
+            if records > list_up_to && records >= node_cache::CACHED_FROM {
+                // Resolved now: the node search that follows finds it in the cache.
+                self.resolved_node(&txn, ns, id, generation, Some(row))?;
+                out.push(NodeMembers {
+                    node_id: id.clone(),
+                    records,
+                    record_ids: None,
+                });
+            } else {
+                out.push(NodeMembers::of(row.node, list_up_to));
+            }
+        }
+        Ok(out)
+    }
+
     fn state(
         &self,
         ns: &Namespace,

@@ -161,13 +161,7 @@ fn stored_vector(
 
 impl StoreSearch for Store {
     fn vector_search(&self, ns: &Namespace, q: &VectorQuery) -> Result<Vec<Hit>> {
-        if q.vector.len() != self.options.dims {
-            return Err(Error::InvalidInput(format!(
-                "query vector has {} dimensions, the store holds {}",
-                q.vector.len(),
-                self.options.dims
-            )));
-        }
+        check_query_dims(&q.vector, self.options.dims)?;
         let txn = self.read()?;
         let hits = match &q.session {
             None => {
@@ -230,6 +224,32 @@ impl StoreSearch for Store {
                 Ok(Hit {
                     item: ItemRef::from_id(target, id)?,
                     target,
+                    score,
+                })
+            })
+            .collect()
+    }
+
+    fn vector_search_node(
+        &self,
+        ns: &Namespace,
+        node_id: &str,
+        vector: &[f32],
+        k: usize,
+    ) -> Result<Vec<Hit>> {
+        check_query_dims(vector, self.options.dims)?;
+        let generation = self.node_cache_generation();
+        let txn = self.read()?;
+        let Some(node) = self.resolved_node(&txn, ns, node_id, generation, None)? else {
+            return Ok(Vec::new());
+        };
+        let hits = self.search_allowed(&txn, ns, Target::Record, vector, k, &node.keys)?;
+        hits.into_iter()
+            .filter_map(|(key, score)| node.id_at.get(&key).map(|&i| (i, score)))
+            .map(|(i, score)| {
+                Ok(Hit {
+                    item: ItemRef::from_id(Target::Record, &node.ids[i as usize])?,
+                    target: Target::Record,
                     score,
                 })
             })
