@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 /// Nodes with at least this many records are kept resolved.
 pub(super) const CACHED_FROM: usize = 64;
-/// At most this many member records are held in all (about 60 bytes each); past it the cache
+/// At most this many member records are held in all (about 80 bytes each); past it the cache
 /// starts over.
 const HELD_MAX: usize = 1_000_000;
 
