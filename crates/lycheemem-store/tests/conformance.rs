@@ -656,11 +656,7 @@ fn node_members_and_node_search_see_every_write_that_returned() {
     );
     records.push(lisbon.clone());
     let all: Vec<&lycheemem_core::Record> = records.iter().collect();
-    let merged = node(
-        NodeKind::Entity,
-        &w.nodes[0].0.key.replace("-4", "-0"),
-        &all,
-    );
+    let merged = node(NodeKind::Entity, "topic-s-0", &all);
     assert_eq!(merged.node_id, node_id);
     w.nodes = vec![(merged, Some(vector(1010)))];
     store.commit_segment(&a, w).unwrap();

@@ -55,29 +55,23 @@ impl StoreLookup for Store {
                 .read()
                 .unwrap_or_else(lock_poisoned)
                 .get(&key);
-            let row = match cached {
-                Some(node) if node.ids.len() > list_up_to => {
-                    out.push(NodeMembers {
-                        node_id: id.clone(),
-                        records: node.ids.len(),
-                        record_ids: None,
-                    });
-                    continue;
-                }
-                _ => match get_json::<NodeRow>(&nodes, &key, "node")? {
-                    Some(row) => row,
-                    None => continue,
-                },
+            let unlisted = |records| NodeMembers {
+                node_id: id.clone(),
+                records,
+                record_ids: None,
+            };
+            if let Some(node) = cached.filter(|n| n.ids.len() > list_up_to) {
+                out.push(unlisted(node.ids.len()));
+                continue;
+            }
+            let Some(row) = get_json::<NodeRow>(&nodes, &key, "node")? else {
+                continue;
             };
             let records = row.node.record_ids.len();
             if records > list_up_to && records >= node_cache::CACHED_FROM {
                 // Resolved now: the node search that follows finds it in the cache.
                 self.resolved_node(&txn, ns, id, generation, Some(row))?;
-                out.push(NodeMembers {
-                    node_id: id.clone(),
-                    records,
-                    record_ids: None,
-                });
+                out.push(unlisted(records));
             } else {
                 out.push(NodeMembers::of(row.node, list_up_to));
             }
