@@ -11,6 +11,8 @@
 //! - `bench-embed [--locomo PATH]`: embedding throughput, native forward and candle vs sentence-transformers.
 //! - `bench-llm [--locomo PATH] [...]`: LLM prefill/decode speed, candle vs llama.cpp.
 //! - `tokenizer-fixtures`: regenerate the GGUF tokenizer fixture with llama.cpp's tokenizer.
+//! - `peer-venv`: the pinned venv of the peer memory systems the harness compares against
+//!   (`lycheemem-bench run --variants mem0`); prints its python.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -40,9 +42,10 @@ fn run_task() -> Result<()> {
         "bench-llm" => bench_llm(&root, &rest),
         "tokenizer-fixtures" => tokenizer_fixtures(&root),
         "cuda-check" => cuda_check(),
+        "peer-venv" => peer_venv(&root).map(|python| println!("{}", python.display())),
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | test | cuda-check | fixtures | tokenizer-fixtures | bench-embed | bench-llm> [ARGS]"
+                "usage: cargo xtask <demo | test | cuda-check | fixtures | tokenizer-fixtures | bench-embed | bench-llm | peer-venv> [ARGS]"
             );
             bail!("unknown task {task:?}")
         }
@@ -239,19 +242,35 @@ impl Drop for Postgres {
 /// A throwaway virtualenv with the pinned reference stack (torch, transformers,
 /// sentence-transformers); reused across runs.
 fn reference_python(root: &Path) -> Result<PathBuf> {
+    pinned_venv(
+        "ref-venv",
+        &root.join("scripts/reference/requirements.txt"),
+        "the reference venv (downloads torch; a few minutes)",
+    )
+}
+
+/// The venv of the peer memory systems (`crates/lycheemem-bench/src/peer/requirements.txt`);
+/// the harness refuses a venv stamped with other pins.
+fn peer_venv(root: &Path) -> Result<PathBuf> {
+    pinned_venv(
+        "peer-venv",
+        &root.join("crates/lycheemem-bench/src/peer/requirements.txt"),
+        "the peer venv",
+    )
+}
+
+/// `~/.cache/lycheemem/<name>` with exactly `requirements` installed, stamped with them
+/// (`.lycheemem-requirements`) and reused while they match; returns its python.
+fn pinned_venv(name: &str, requirements: &Path, what: &str) -> Result<PathBuf> {
     let home = std::env::var("HOME").context("HOME is not set")?;
-    let venv = PathBuf::from(home).join(".cache/lycheemem/ref-venv");
+    let venv = PathBuf::from(home).join(".cache/lycheemem").join(name);
     let python = venv.join("bin/python");
-    let requirements = root.join("scripts/reference/requirements.txt");
     let stamp = venv.join(".lycheemem-requirements");
-    let wanted = std::fs::read_to_string(&requirements)?;
+    let wanted = std::fs::read_to_string(requirements)?;
     if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
         return Ok(python);
     }
-    eprintln!(
-        "creating the reference venv at {} (downloads torch; a few minutes)",
-        venv.display()
-    );
+    eprintln!("creating {what} at {}", venv.display());
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     run(Command::new(&python)
         .args([
@@ -262,7 +281,7 @@ fn reference_python(root: &Path) -> Result<PathBuf> {
             "--disable-pip-version-check",
             "-r",
         ])
-        .arg(&requirements))?;
+        .arg(requirements))?;
     std::fs::write(&stamp, wanted)?;
     Ok(python)
 }

@@ -11,6 +11,7 @@ mod reference_run;
 mod retrieve;
 mod run;
 mod segment;
+mod serve_openai;
 mod store;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +52,9 @@ enum Command {
     /// GPU against CPU on one machine: parity and speed of the embedder, the cross-encoder
     /// fixtures and the local LLMs (needs a build with `--features cuda`).
     DeviceCheck(Box<device_check::DeviceCheckArgs>),
+    /// The encoder LLM and embedder behind a loopback OpenAI-compatible API (what peer variants
+    /// such as `mem0` are given), until interrupted; prints the base URL.
+    ServeOpenai(serve_openai::ServeOpenAiArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(&models_dir, *args),
         Command::Report(args) => run::report(args),
         Command::DeviceCheck(args) => device_check::run(&models_dir, *args),
+        Command::ServeOpenai(args) => serve_openai::run(&models_dir, args),
     };
     lycheemem_cli::exit::exit_code(result)
 }

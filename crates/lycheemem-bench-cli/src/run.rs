@@ -68,6 +68,10 @@ pub struct BenchRunArgs {
     /// cache): no memory is built, no question evaluated.
     #[arg(long)]
     plans_only: bool,
+    /// The peer venv's python for peer variants (`mem0`); default
+    /// `~/.cache/lycheemem/peer-venv/bin/python`, made by `cargo xtask peer-venv`.
+    #[arg(long)]
+    peer_python: Option<PathBuf>,
     /// Judge LLM (default: the answer LLM).
     #[arg(long, env = "LYCHEEMEM_JUDGE_LLM")]
     judge_llm: Option<String>,
@@ -154,6 +158,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         jobs: args.jobs,
         variant_items: parse_variant_items(&args.variant_items)?,
         plans_only: args.plans_only,
+        peer_python: args.peer_python.clone(),
     };
     let mut models = BTreeMap::new();
     models.insert("embedder".to_string(), base.models.embedder.clone());

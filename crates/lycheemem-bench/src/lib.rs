@@ -12,6 +12,7 @@ pub mod construct;
 pub mod dataset;
 pub mod jsonl;
 pub mod metrics;
+pub mod peer;
 pub mod replay;
 pub mod report;
 pub mod run;

@@ -1,6 +1,7 @@
 //! The systems a benchmark compares, each a named configuration: the method (`full`), its
 //! construction ablations, its retrieval ablations, and two baselines that build no memory.
 
+use crate::peer::PeerKind;
 use anyhow::{Result, bail};
 use lycheemem_core::config::{
     CalibrationSource, LicoMemoryConfig, LicoSummaryMode, RecordStyle, SegmentPolicy,
@@ -10,7 +11,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Every variant name, in report order.
-pub const VARIANTS: [&str; 18] = [
+pub const VARIANTS: [&str; 19] = [
     "full",
     "eager",
     "fixed_window",
@@ -29,6 +30,7 @@ pub const VARIANTS: [&str; 18] = [
     "licomemory_simple",
     "licomemory_no_summary",
     "licomemory_no_decay",
+    "mem0",
 ];
 
 /// How a variant answers.
@@ -41,6 +43,8 @@ pub enum VariantKind {
     NaiveRag,
     /// The whole history in the answer prompt, truncated to the model's context.
     FullContext,
+    /// Another memory system, run from its own package (see [`crate::peer`]).
+    Peer(PeerKind),
 }
 
 /// A named configuration.
@@ -58,10 +62,13 @@ impl Variant {
         let kind = match name {
             "naive_rag" => VariantKind::NaiveRag,
             "full_context" => VariantKind::FullContext,
-            _ => VariantKind::Memory,
+            _ => match PeerKind::from_name(name) {
+                Some(peer) => VariantKind::Peer(peer),
+                None => VariantKind::Memory,
+            },
         };
         match name {
-            "full" | "naive_rag" | "full_context" => {}
+            "full" | "naive_rag" | "full_context" | "mem0" => {}
             "eager" => config.segment.policy = SegmentPolicy::PerExchange,
             "fixed_window" => config.segment.policy = SegmentPolicy::FixedWindow,
             // Semantic segmentation with the embedder's fitted calibration (issue #36).

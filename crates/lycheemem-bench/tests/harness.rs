@@ -85,6 +85,7 @@ fn spec_for(
         jobs: 1,
         variant_items: Default::default(),
         plans_only: false,
+        peer_python: None,
     }
 }
 
@@ -972,4 +973,115 @@ fn licomemory_variants_build_their_graphs_and_retrieve_the_evidence_chunks() {
     let mut calls: Vec<u64> = memories.iter().map(|m| m.1).collect();
     calls.sort_unstable();
     assert_eq!(calls, [5, 6], "{builds:#?}");
+}
+
+/// A `python` for the peer variants that runs the test's stand-in peer (`fixtures/fake_peer.py`)
+/// instead of the real driver.
+fn fake_peer_python(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_peer.py");
+    let python = dir.join("fake-venv/bin/python");
+    std::fs::create_dir_all(python.parent().unwrap()).unwrap();
+    std::fs::write(
+        &python,
+        format!("#!/bin/sh\nexec python3 {} \"$@\"\n", script.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    python
+}
+
+#[test]
+fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let llm = Arc::new(ScriptedLlm::responding(|m| {
+        let user = m.last().map_or("", |m| m.content.as_str());
+        if user.starts_with("Extract memories") {
+            r#"{"memory": []}"#.into()
+        } else {
+            "Miso".into()
+        }
+    }));
+    let b = backends(llm.clone(), miso_judge());
+    let spec = RunSpec {
+        top_k: 2,
+        peer_python: Some(fake_peer_python(dir.path())),
+        ..spec_for(
+            &dir.path().join("locomo_tiny.json"),
+            &dir.path().join("results"),
+            &dir.path().join("cache"),
+            &["mem0"],
+        )
+    };
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    // Three exchanges (two in session 1, one in session 2): one extraction call each, then one
+    // answer per question (2); the judge is a separate model.
+    assert_eq!(llm.calls(), 5);
+    let built = run::constructions(&spec.out).unwrap();
+    assert_eq!(built.len(), 1);
+    let report = &built[0].report;
+    assert_eq!(built[0].variant, "mem0");
+    assert_eq!(
+        (report.exchanges, report.records, report.encode_calls),
+        (3, 3, 3)
+    );
+    assert!(report.prompt_tokens > 0 && report.completion_tokens > 0);
+    assert_eq!(report.seconds, 1.5, "the driver's build time is kept");
+    let predictions = run::predictions(&spec.out).unwrap();
+    assert_eq!(predictions.len(), 2);
+    for p in &predictions {
+        assert_eq!(p.evidence.len(), 2, "top k = 2 memories");
+        assert!(p.evidence.iter().all(|e| e.id.starts_with("record:s")));
+        assert!(p.recall.is_some());
+        assert_eq!(p.plan_tokens, 0, "searching made no LLM call");
+        assert!(p.answer_tokens > 0);
+    }
+    let cat = predictions
+        .iter()
+        .find(|p| p.category == "single_hop")
+        .unwrap();
+    assert_eq!(cat.judge_correct, Some(true));
+    // Evidence recall is exact: every retrieved memory names its exchange's turns.
+    for p in &predictions {
+        let retrieved: BTreeSet<(String, u32)> = p
+            .evidence
+            .iter()
+            .flat_map(|e| e.turns.iter().map(|&t| (e.session.clone(), t)))
+            .collect();
+        assert!(retrieved.len() >= 2, "{retrieved:?}");
+    }
+    // A second run in a fresh results folder reuses the peer's build: no extraction call, and
+    // the construction report still counts the whole build.
+    let again = RunSpec {
+        out: dir.path().join("results2"),
+        ..spec.clone()
+    };
+    let before = llm.calls();
+    run::run(&data, &again, &Config::default(), &b, &mut |_| {}).unwrap();
+    assert_eq!(llm.calls() - before, 2, "answers only");
+    let rebuilt = run::constructions(&again.out).unwrap();
+    assert_eq!(rebuilt[0].report.tokens(), report.tokens());
+    assert_eq!(rebuilt[0].report.seconds, report.seconds);
+}
+
+#[test]
+fn a_peer_variant_without_its_venv_says_how_to_make_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let b = backends(llm.clone(), miso_judge());
+    let spec = RunSpec {
+        peer_python: Some(dir.path().join("no-venv/bin/python")),
+        ..spec_for(
+            &dir.path().join("locomo_tiny.json"),
+            &dir.path().join("results"),
+            &dir.path().join("cache"),
+            &["mem0"],
+        )
+    };
+    let e = run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap_err();
+    assert!(format!("{e:#}").contains("cargo xtask peer-venv"), "{e:#}");
+    assert_eq!(llm.calls(), 0);
 }

@@ -79,6 +79,9 @@ pub struct RunSpec {
     /// them alone while the memories are built elsewhere or later.
     #[serde(default)]
     pub plans_only: bool,
+    /// The python of the peer venv (`mem0`); `None` = `~/.cache/lycheemem/peer-venv/bin/python`.
+    #[serde(default)]
+    pub peer_python: Option<PathBuf>,
 }
 
 impl RunSpec {

@@ -331,6 +331,8 @@ pub(super) fn wait_for_wave(
 pub(super) struct OpenWave {
     pub(super) memories: HashMap<(usize, String), (Memory, Namespace)>,
     pub(super) indexes: HashMap<usize, ChunkIndex>,
+    /// (item, variant) → the peer's hits for the item's questions.
+    pub(super) peers: HashMap<(usize, usize), crate::peer::PeerRun>,
 }
 
 /// Opens (building if needed) the memories the wave's questions need, writes the construction
@@ -345,6 +347,7 @@ pub(super) fn open_wave(
     let mut opened = OpenWave {
         memories: HashMap::new(),
         indexes: HashMap::new(),
+        peers: HashMap::new(),
     };
     for &(i, qs) in wave {
         let item = &ctx.dataset.items[i];
@@ -411,6 +414,46 @@ pub(super) fn open_wave(
                 ctx.comps.embedder.as_ref(),
             )?;
             opened.indexes.insert(i, index);
+        }
+        for (vi, v) in ctx.variants.iter().enumerate() {
+            let VariantKind::Peer(peer) = v.kind else {
+                continue;
+            };
+            let pending = ctx.pending(v, i, qs, &ck.done);
+            if pending.is_empty() && !ctx.needs_report(v, i, ck) {
+                continue;
+            }
+            let python = match &ctx.spec.peer_python {
+                Some(p) => p.clone(),
+                None => crate::peer::default_python()
+                    .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass the peer python"))?,
+            };
+            let job = crate::peer::PeerJob {
+                kind: peer,
+                dataset_kind: ctx.dataset.kind,
+                item,
+                questions: pending.iter().map(|&j| &item.questions[j]).collect(),
+                top_k: ctx.spec.top_k.max(1),
+                cache: &ctx.spec.cache,
+                python: &python,
+                // The encoder's model, unlogged: the peer's calls are its own.
+                llm: ctx.backends.components.encode_llm.clone(),
+                embedder: ctx.comps.embedder.clone(),
+            };
+            let run = crate::peer::build_and_search(&job, progress)?;
+            progress(format!(
+                "{} {}: {} memories from {} exchanges, {} LLM calls, {} construction tokens",
+                v.name,
+                item.id,
+                run.report.records,
+                run.report.exchanges,
+                run.report.encode_calls,
+                run.report.tokens()
+            ));
+            if ctx.allowed(v, item) {
+                ck.report_construction(ctx.spec, &v.name, &run.report)?;
+            }
+            opened.peers.insert((i, vi), run);
         }
     }
     Ok(opened)
@@ -508,6 +551,23 @@ pub(super) fn evaluate(
             )?;
             let ms = started.elapsed().as_secs_f64() * 1e3;
             let p = base_prediction(v, item, q, &evidence, ms);
+            (evidence, p)
+        }
+        VariantKind::Peer(_) => {
+            let run = opened
+                .peers
+                .get(&(i, vi))
+                .ok_or_else(|| anyhow::anyhow!("no {} run for {}", v.name, item.id))?;
+            let (hits, ms) = run
+                .hits
+                .get(&q.id)
+                .ok_or_else(|| anyhow::anyhow!("{} returned nothing for {}", v.name, q.id))?;
+            let evidence: Vec<EvidenceItem> = hits.iter().map(|h| h.evidence_item()).collect();
+            let mut p = base_prediction(v, item, q, &evidence, *ms);
+            // LLM use while searching (none for mem0), shared evenly by the questions searched.
+            let searched = run.hits.len().max(1) as u64;
+            p.plan_tokens = run.search_usage.tokens() / searched;
+            p.llm_calls += (run.search_usage.chat_calls / searched) as u32;
             (evidence, p)
         }
         VariantKind::FullContext => {

@@ -1,0 +1,223 @@
+"""Feeds one benchmark item to a peer memory system and asks it for each question's memories.
+
+Run by the lycheemem harness (`lycheemem-bench run --variants mem0`, crate lycheemem-bench,
+module `peer`) inside the pinned peer venv (`cargo xtask peer-venv`):
+
+    python driver.py JOB.json
+
+The job (JSON) names the peer, its state folder, the loopback OpenAI-compatible endpoint the
+harness serves its own local LLM and embedder on, the item's sessions and the questions. The
+driver adds the conversation exchange by exchange (two consecutive turns of a session, as the
+peer's documentation prescribes: `add(messages, user_id=..., metadata=...)`), recording each
+finished exchange in `progress.json`, so a killed build resumes where it stopped. Then it
+searches every question (top k) and writes one JSON line per question to `hits_out`. Each
+memory carries the session, date and turn indices of the exchange it was extracted from, so
+the harness measures evidence recall exactly as for its own variants.
+
+Progress goes to stderr; the last stdout line is a JSON summary.
+"""
+
+import json
+import os
+import sys
+import time
+import urllib.request
+
+
+def exchanges(sessions):
+    """Consecutive turn pairs of each session (an odd last turn alone)."""
+    for s in sessions:
+        turns = s["turns"]
+        for i in range(0, len(turns), 2):
+            group = turns[i : i + 2]
+            key = f"{s['id']}#{group[0]['index']}-{group[-1]['index']}"
+            yield key, s, group
+
+
+def messages_for(group, first_speaker):
+    out = []
+    for t in group:
+        if t.get("speaker"):
+            # Two people talking (LoCoMo): the item's first speaker is the "user", the other the
+            # "assistant"; names stay in the text so the peer can attribute facts.
+            role = "user" if t["speaker"] == first_speaker else "assistant"
+            out.append({"role": role, "content": f"{t['speaker']}: {t['text']}"})
+        else:
+            out.append({"role": t["role"], "content": t["text"]})
+    return out
+
+
+def open_mem0(job):
+    os.environ.setdefault("MEM0_TELEMETRY", "False")
+    os.environ["MEM0_DIR"] = os.path.join(job["store_dir"], "mem0-home")
+    from mem0 import Memory
+
+    endpoint = {"openai_base_url": job["base_url"], "api_key": "local"}
+    config = {
+        "llm": {
+            "provider": "openai",
+            "config": {
+                "model": job["llm_model"],
+                "temperature": 0.0,
+                "max_tokens": job.get("max_tokens", 2000),
+                **endpoint,
+            },
+        },
+        "embedder": {
+            "provider": "openai",
+            "config": {
+                "model": job["embed_model"],
+                "embedding_dims": job["embedding_dims"],
+                **endpoint,
+            },
+        },
+        "vector_store": {
+            "provider": "qdrant",
+            "config": {
+                "collection_name": "memories",
+                "path": os.path.join(job["store_dir"], "qdrant"),
+                "embedding_model_dims": job["embedding_dims"],
+                "on_disk": True,
+            },
+        },
+        "history_db_path": os.path.join(job["store_dir"], "history.db"),
+    }
+    return Memory.from_config(config)
+
+
+def mem0_add(memory, job, key, session, group, first_speaker):
+    memory.add(
+        messages_for(group, first_speaker),
+        user_id=job["user_id"],
+        metadata={
+            "session": session["id"],
+            "session_date": session.get("date"),
+            "turns": [t["index"] for t in group],
+        },
+    )
+
+
+def speakers(job):
+    """Role → name when two named people talk (LoCoMo): mem0 writes facts about "User" and
+    marks each memory `attributed_to` user or assistant; the name is what an application that
+    knows who its user is would show, and what mem0's own LoCoMo evaluation gave its answerer
+    (one memory list per speaker)."""
+    names = []
+    for s in job["sessions"]:
+        for t in s["turns"]:
+            if t.get("speaker") and t["speaker"] not in names:
+                names.append(t["speaker"])
+    return dict(zip(["user", "assistant"], names)) if len(names) == 2 else {}
+
+
+def mem0_search(memory, job, question):
+    found = memory.search(
+        question,
+        top_k=job["top_k"],
+        filters={"user_id": job["user_id"]},
+        # Every system in the comparison hands the answerer k items.
+        threshold=0.0,
+    )
+    names = speakers(job)
+    hits = []
+    for r in found.get("results", []):
+        meta = r.get("metadata") or {}
+        text = r.get("memory", "")
+        who = names.get(r.get("attributed_to") or meta.get("attributed_to") or "")
+        if who:
+            text = f"[{who}] {text}"
+        hits.append(
+            {
+                "id": str(r.get("id")),
+                "memory": text,
+                "score": float(r.get("score") or 0.0),
+                "session": meta.get("session"),
+                "session_date": meta.get("session_date"),
+                "turns": meta.get("turns") or [],
+            }
+        )
+    return hits
+
+
+def mem0_count(memory, job):
+    found = memory.get_all(filters={"user_id": job["user_id"]}, top_k=1_000_000)
+    return len(found.get("results", []))
+
+
+PEERS = {"mem0": (open_mem0, mem0_add, mem0_search, mem0_count)}
+
+
+def set_phase(job, phase):
+    """Tells the harness's endpoint which phase the following calls belong to."""
+    url = job["base_url"].rsplit("/v1", 1)[0] + "/lycheemem/phase"
+    body = json.dumps({"phase": phase}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        reply.read()
+
+
+def main():
+    with open(sys.argv[1], encoding="utf-8") as f:
+        job = json.load(f)
+    if job["peer"] not in PEERS:
+        sys.exit(f"unknown peer {job['peer']!r} (known: {', '.join(PEERS)})")
+    open_peer, add, search, count = PEERS[job["peer"]]
+    os.makedirs(job["store_dir"], exist_ok=True)
+    progress_file = os.path.join(job["store_dir"], "progress.json")
+    done = set()
+    if os.path.exists(progress_file):
+        with open(progress_file, encoding="utf-8") as f:
+            done = set(json.load(f)["added"])
+    memory = open_peer(job)
+    first_speaker = next(
+        (t.get("speaker") for s in job["sessions"] for t in s["turns"] if t.get("speaker")),
+        None,
+    )
+    units = list(exchanges(job["sessions"]))
+    beyond = done - {key for key, _, _ in units}
+    if beyond:
+        sys.exit(
+            f"{job['store_dir']} holds {len(beyond)} exchanges outside this run's sessions "
+            f"(e.g. {sorted(beyond)[0]}); a slice needs its own cache folder"
+        )
+    started = time.time()
+    added_now = 0
+    for n, (key, session, group) in enumerate(units, 1):
+        if key in done:
+            continue
+        add(memory, job, key, session, group, first_speaker)
+        done.add(key)
+        added_now += 1
+        tmp = progress_file + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"added": sorted(done)}, f)
+        os.replace(tmp, progress_file)
+        print(
+            f"{job['peer']} {job['user_id']}: exchange {n}/{len(units)} added "
+            f"({time.time() - started:.0f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    build_seconds = time.time() - started
+    set_phase(job, "search")
+    with open(job["hits_out"], "w", encoding="utf-8") as out:
+        for q in job["questions"]:
+            t0 = time.time()
+            hits = search(memory, job, q["question"])
+            line = {"question_id": q["id"], "hits": hits, "ms": (time.time() - t0) * 1e3}
+            out.write(json.dumps(line) + "\n")
+    print(
+        json.dumps(
+            {
+                "exchanges": len(units),
+                "added_now": added_now,
+                "build_seconds": build_seconds,
+                "memories": count(memory, job),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+//! Peer memory systems in the harness (variant `mem0`): the real package, pinned in a Python
+//! venv (`cargo xtask peer-venv`, [`REQUIREMENTS`]), fed each item by [`DRIVER`] and asked for
+//! each question's top-k memories, which go to the same answer prompt and judge as every other
+//! variant.
+//!
+//! The peer's LLM and embedder are the run's own models, served on a loopback
+//! OpenAI-compatible [`OpenAiEndpoint`]: the same weights and decoder as lycheemem's encoder,
+//! and every token the peer spends is metered there (construction = the `build` phase; query
+//! = the `search` phase, spread over the questions). A peer's build of an item persists under
+//! `<cache>/peers/` and resumes exchange by exchange; its cumulative usage and wall time are
+//! kept beside it (`usage.json`), so a resumed or cached build reports what the whole build
+//! cost.
+
+pub mod endpoint;
+
+pub use endpoint::{OpenAiEndpoint, PhaseUsage};
+
+use crate::construct::{ConstructionReport, namespace};
+use crate::dataset::{DatasetKind, Item, Question};
+use anyhow::{Context, Result, bail};
+use lycheemem::EvidenceItem;
+use lycheemem_core::date::normalize_date;
+use lycheemem_core::{CandidateTarget, Evidence, Provenance, Role, TemporalScope};
+use lycheemem_embed::Embedder;
+use lycheemem_llm::Llm;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+/// The driver the peer venv runs (written into the cache before each run).
+pub const DRIVER: &str = include_str!("driver.py");
+/// The peer venv's pinned packages; `cargo xtask peer-venv` installs exactly these.
+pub const REQUIREMENTS: &str = include_str!("requirements.txt");
+/// Bumped whenever the way an item is fed to a peer changes (part of the build's hash).
+pub const PEER_PROTOCOL: u32 = 1;
+/// Where `cargo xtask peer-venv` writes the requirements it installed, inside the venv.
+pub const VENV_STAMP: &str = ".lycheemem-requirements";
+
+/// A peer system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerKind {
+    /// mem0 (`mem0ai`), open-source `Memory` with its default on-disk Qdrant store.
+    Mem0,
+}
+
+impl PeerKind {
+    pub fn from_name(name: &str) -> Option<PeerKind> {
+        match name {
+            "mem0" => Some(PeerKind::Mem0),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerKind::Mem0 => "mem0",
+        }
+    }
+
+    /// The pinned package line of [`REQUIREMENTS`] this peer runs.
+    pub fn package(self) -> &'static str {
+        let wanted = match self {
+            PeerKind::Mem0 => "mem0ai==",
+        };
+        REQUIREMENTS
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(wanted))
+            .unwrap_or(wanted)
+    }
+}
+
+/// The peer venv's python: `~/.cache/lycheemem/peer-venv/bin/python`.
+pub fn default_python() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    Some(PathBuf::from(home).join(".cache/lycheemem/peer-venv/bin/python"))
+}
+
+/// Checks that `python` is a venv made by `cargo xtask peer-venv` for these requirements
+/// (a venv's `bin/python` sits two folders below the stamp).
+pub fn check_python(python: &Path) -> Result<()> {
+    if !python.exists() {
+        bail!(
+            "no peer venv at {} (create it with `cargo xtask peer-venv`)",
+            python.display()
+        );
+    }
+    let stamp = python
+        .parent()
+        .and_then(Path::parent)
+        .map(|venv| venv.join(VENV_STAMP));
+    if let Some(stamp) = stamp.filter(|s| s.exists()) {
+        let installed = std::fs::read_to_string(&stamp).unwrap_or_default();
+        if installed != REQUIREMENTS {
+            bail!(
+                "the peer venv of {} was made for other requirements than this harness pins \
+                 (run `cargo xtask peer-venv` again)",
+                python.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One memory a peer returned for a question, with the exchange it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerHit {
+    pub id: String,
+    pub memory: String,
+    pub score: f32,
+    #[serde(default)]
+    pub session: Option<String>,
+    #[serde(default)]
+    pub session_date: Option<String>,
+    #[serde(default)]
+    pub turns: Vec<u32>,
+}
+
+impl PeerHit {
+    /// The hit as an evidence item for the answer prompt and the recall metric.
+    pub fn evidence_item(&self) -> EvidenceItem {
+        EvidenceItem {
+            evidence: Evidence {
+                target: CandidateTarget::Record {
+                    record_id: self.id.clone(),
+                },
+                text: self.memory.clone(),
+                best_route_score: self.score,
+                rrf: 0.0,
+                final_score: self.score,
+                mmr_score: self.score,
+                provenance: Provenance::default(),
+            },
+            session: self.session.clone().unwrap_or_default(),
+            session_date: self.session_date.clone(),
+            memory_type: None,
+            temporal: TemporalScope::default(),
+            entities: Vec::new(),
+            turns: self.turns.clone(),
+            dialogue: Vec::new(),
+            focus_turns: Vec::new(),
+        }
+    }
+}
+
+/// A question's hits as the driver writes them.
+#[derive(Debug, Clone, Deserialize)]
+struct HitsLine {
+    question_id: String,
+    hits: Vec<PeerHit>,
+    #[serde(default)]
+    ms: f64,
+}
+
+/// The driver's closing summary line.
+#[derive(Debug, Clone, Deserialize)]
+struct DriverSummary {
+    exchanges: u64,
+    added_now: u64,
+    build_seconds: f64,
+    memories: u64,
+}
+
+/// A build's cumulative cost, kept beside the peer's state.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct BuildUsage {
+    usage: PhaseUsage,
+    seconds: f64,
+}
+
+/// What a peer run gives the harness for one item.
+#[derive(Debug, Clone)]
+pub struct PeerRun {
+    pub report: ConstructionReport,
+    /// Question id → its hits and search milliseconds.
+    pub hits: HashMap<String, (Vec<PeerHit>, f64)>,
+    /// LLM use while searching, over all the questions searched.
+    pub search_usage: PhaseUsage,
+}
+
+/// What to run.
+pub struct PeerJob<'a> {
+    pub kind: PeerKind,
+    pub dataset_kind: DatasetKind,
+    pub item: &'a Item,
+    pub questions: Vec<&'a Question>,
+    pub top_k: usize,
+    /// The run's cache folder (peer state goes under `peers/`).
+    pub cache: &'a Path,
+    pub python: &'a Path,
+    pub llm: Arc<dyn Llm>,
+    pub embedder: Arc<dyn Embedder>,
+}
+
+/// Hash of what shapes a peer's build: the protocol, the pinned package, the models.
+pub fn build_hash(kind: PeerKind, llm: &str, embedder: &str) -> String {
+    let key = serde_json::json!({
+        "protocol": PEER_PROTOCOL,
+        "peer": kind.name(),
+        "package": kind.package(),
+        "llm": llm,
+        "embedder": embedder,
+    });
+    hex::encode(Sha256::digest(key.to_string().as_bytes()))[..12].to_string()
+}
+
+fn job_json(job: &PeerJob, store: &Path, base_url: &str, hits_out: &Path) -> Result<String> {
+    let (llm_model, embed_model) = (job.llm.model_id(), job.embedder.model_id());
+    let sessions: Vec<serde_json::Value> = job
+        .item
+        .sessions
+        .iter()
+        .map(|s| {
+            let turns: Vec<serde_json::Value> = s
+                .turns
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    serde_json::json!({
+                        "index": i,
+                        "role": match t.role {
+                            Role::User => "user",
+                            Role::Assistant => "assistant",
+                            Role::System => "system",
+                        },
+                        "speaker": t.speaker,
+                        "text": t.text,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "id": s.id,
+                "date": s.date.as_deref().map(|d| normalize_date(d).unwrap_or_else(|| d.to_string())),
+                "turns": turns,
+            })
+        })
+        .collect();
+    let questions: Vec<serde_json::Value> = job
+        .questions
+        .iter()
+        .map(|q| serde_json::json!({"id": q.id, "question": q.question}))
+        .collect();
+    let value = serde_json::json!({
+        "peer": job.kind.name(),
+        "store_dir": store,
+        "base_url": base_url,
+        "llm_model": llm_model,
+        "embed_model": embed_model,
+        "embedding_dims": job.embedder.dimension(),
+        "user_id": job.item.id,
+        "top_k": job.top_k,
+        "sessions": sessions,
+        "questions": questions,
+        "hits_out": hits_out,
+    });
+    Ok(serde_json::to_string(&value)?)
+}
+
+/// Builds (or resumes, or reuses) the peer's memory of the item, then searches every question.
+pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Result<PeerRun> {
+    check_python(job.python)?;
+    let hash = build_hash(job.kind, job.llm.model_id(), job.embedder.model_id());
+    let peers = job.cache.join("peers");
+    let ns = namespace(job.dataset_kind, &job.item.id)?;
+    // `ns` already names the dataset (`locomo.conv-26`).
+    let store = peers.join(format!("{}.{}-{hash}", job.kind.name(), ns.as_str()));
+    std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+    let driver = peers.join(format!(
+        "driver-{}.py",
+        &hex::encode(Sha256::digest(DRIVER.as_bytes()))[..12]
+    ));
+    if !driver.exists() {
+        std::fs::write(&driver, DRIVER).with_context(|| format!("writing {}", driver.display()))?;
+    }
+    // Every call the peer makes is kept beside its state, to audit what it asked and got.
+    let endpoint = OpenAiEndpoint::start(
+        job.llm.clone(),
+        job.embedder.clone(),
+        Some(store.join("llm-calls.jsonl")),
+    )?;
+    let hits_out = store.join("hits.jsonl");
+    let job_file = store.join("job.json");
+    std::fs::write(
+        &job_file,
+        job_json(job, &store, &endpoint.base_url(), &hits_out)?,
+    )?;
+    let _ = std::fs::remove_file(&hits_out);
+    progress(format!(
+        "{} {}: building or resuming under {}",
+        job.kind.name(),
+        job.item.id,
+        store.display()
+    ));
+    let mut child = Command::new(job.python)
+        .arg(&driver)
+        .arg(&job_file)
+        .env("MEM0_TELEMETRY", "False")
+        .env("ANONYMIZED_TELEMETRY", "False")
+        .env("HF_HUB_OFFLINE", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", job.python.display()))?;
+    // stdout carries one summary line; read it on a thread while stderr streams progress.
+    let mut stdout = child.stdout.take().context("driver stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let mut tail: Vec<String> = Vec::new();
+    if let Some(stderr) = child.stderr.take() {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with(job.kind.name()) {
+                progress(line.clone());
+            }
+            tail.push(line);
+            if tail.len() > 40 {
+                tail.remove(0);
+            }
+        }
+    }
+    let status = child.wait()?;
+    let stdout = reader.join().unwrap_or_default();
+    if !status.success() {
+        bail!(
+            "the {} driver failed ({status}) on {}; its last output:\n{}",
+            job.kind.name(),
+            job.item.id,
+            tail.join("\n")
+        );
+    }
+    let summary: DriverSummary = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .and_then(|l| serde_json::from_str(l).ok())
+        .with_context(|| {
+            format!(
+                "the {} driver printed no summary: {stdout:?}",
+                job.kind.name()
+            )
+        })?;
+    let usage = endpoint.usage();
+    drop(endpoint);
+    // The build's cumulative cost (this run's share added).
+    let usage_file = store.join("usage.json");
+    let mut total: BuildUsage = match std::fs::read_to_string(&usage_file) {
+        Ok(text) => serde_json::from_str(&text)
+            .with_context(|| format!("reading {}", usage_file.display()))?,
+        Err(_) => BuildUsage::default(),
+    };
+    if let Some(build) = usage.get("build") {
+        total.usage.add(build);
+    }
+    if summary.added_now > 0 {
+        total.seconds += summary.build_seconds;
+    }
+    let tmp = store.join("usage.json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&total)?)?;
+    std::fs::rename(&tmp, &usage_file)?;
+    let mut hits = HashMap::new();
+    for line in crate::jsonl::read_lines::<HitsLine>(&hits_out)? {
+        hits.insert(line.question_id, (line.hits, line.ms));
+    }
+    for q in &job.questions {
+        if !hits.contains_key(&q.id) {
+            bail!(
+                "the {} driver returned no hits line for {}",
+                job.kind.name(),
+                q.id
+            );
+        }
+    }
+    let report = ConstructionReport {
+        item: job.item.id.clone(),
+        hash,
+        sessions: job.item.sessions.len(),
+        turns: job.item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
+        exchanges: summary.exchanges,
+        segments: 0,
+        failed_segments: 0,
+        records: summary.memories,
+        encode_calls: total.usage.chat_calls,
+        prompt_tokens: total.usage.prompt_tokens,
+        completion_tokens: total.usage.completion_tokens,
+        llm_seconds: total.usage.llm_seconds,
+        seconds: total.seconds,
+        encode_llm: job.llm.model_id().to_string(),
+        embedder: job.embedder.model_id().to_string(),
+    };
+    Ok(PeerRun {
+        report,
+        hits,
+        search_usage: usage.get("search").cloned().unwrap_or_default(),
+    })
+}
