@@ -4,15 +4,17 @@
 use crate::peer::PeerKind;
 use anyhow::{Result, bail};
 use lycheemem_core::config::{
-    CalibrationSource, LicoMemoryConfig, LicoSummaryMode, RecordStyle, SegmentPolicy,
+    CalibrationSource, LicoMemoryConfig, LicoSummaryMode, RecordStyle, SegmentCalibration,
+    SegmentPolicy,
 };
 use lycheemem_core::{Config, MemoryStrategy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Every variant name, in report order.
-pub const VARIANTS: [&str; 19] = [
+pub const VARIANTS: [&str; 20] = [
     "full",
+    "spec_write",
     "eager",
     "fixed_window",
     "semantic_calibrated",
@@ -71,10 +73,14 @@ impl Variant {
             "full" | "naive_rag" | "full_context" | "mem0" => {}
             "eager" => config.segment.policy = SegmentPolicy::PerExchange,
             "fixed_window" => config.segment.policy = SegmentPolicy::FixedWindow,
-            // Semantic segmentation with the embedder's fitted calibration (issue #36).
+            // Semantic segmentation with the embedder's fitted calibration (issue #36; the
+            // default since, so it differs from `full` only under a config that says otherwise).
             "semantic_calibrated" => {
                 config.segment.surprise_calibration = CalibrationSource::Embedder
             }
+            // The published write path: segmentation constants as published, 12 records in ρ
+            // (what `full` was before both defaults changed).
+            "spec_write" => config.use_spec_write(),
             "summary_records" => config.encode.record_style = RecordStyle::SummaryRecords,
             "no_cross_segment_context" => config.encode.cross_segment_context = false,
             "record_vector_only" | "no_planner" | "no_fusion" | "no_rerank" | "no_lexical"
@@ -101,6 +107,13 @@ impl Variant {
             kind,
             config,
         })
+    }
+
+    /// The variant with its segmentation constants as a memory will use them under an embedder
+    /// with `calibration` (what a run hashes and builds with).
+    pub fn resolved(mut self, calibration: Option<&SegmentCalibration>) -> Variant {
+        self.config.segment = self.config.segment.resolved(calibration);
+        self
     }
 
     /// Whether questions need the planner LLM.
@@ -236,27 +249,32 @@ mod tests {
 
     #[test]
     fn calibrated_segmentation_hashes_by_the_constants_it_uses() {
-        use lycheemem_core::config::SegmentCalibration;
         let base = Config::default();
         let full = Variant::new("full", &base).unwrap();
-        let mut calibrated = Variant::new("semantic_calibrated", &base).unwrap();
-        // Unresolved, it cannot share `full`'s memory: its constants are not known yet.
-        assert_ne!(calibrated.construction_hash(), full.construction_hash());
-        // An embedder without a calibration segments exactly as `full`.
-        let mut same = calibrated.clone();
-        same.config.segment = same.config.segment.resolved(None);
-        assert_eq!(same.construction_hash(), full.construction_hash());
+        let spec = Variant::new("spec_write", &base).unwrap();
+        // The default calibrates to the embedder, so `semantic_calibrated` is `full`.
+        let calibrated = Variant::new("semantic_calibrated", &base).unwrap();
+        assert_eq!(calibrated.construction_hash(), full.construction_hash());
+        assert_ne!(spec.construction_hash(), full.construction_hash());
+        assert_eq!(spec.config.encode.reference_records, 12);
+        assert_eq!(full.config.encode.reference_records, 0);
         let fitted = SegmentCalibration {
             surprise_center: 0.62,
             surprise_scale: 0.11,
             cohesion_scale: 0.047,
         };
-        calibrated.config.segment = calibrated.config.segment.resolved(Some(&fitted));
-        assert_eq!(calibrated.config.segment.abs_surprise_center, 0.62);
-        assert_ne!(calibrated.construction_hash(), full.construction_hash());
-        // `full` ignores an embedder's calibration.
-        let mut resolved_full = full.clone();
-        resolved_full.config.segment = resolved_full.config.segment.resolved(Some(&fitted));
-        assert_eq!(resolved_full.construction_hash(), full.construction_hash());
+        // Resolved, `full` segments with the embedder's fitted constants, or with the published
+        // ones when the embedder has none — then exactly as `spec_write` does.
+        let fitted_full = full.clone().resolved(Some(&fitted));
+        assert_eq!(fitted_full.config.segment.abs_surprise_center, 0.62);
+        let plain_full = full.clone().resolved(None);
+        let resolved_spec = spec.clone().resolved(Some(&fitted));
+        assert_eq!(plain_full.config.segment, resolved_spec.config.segment);
+        assert_ne!(
+            fitted_full.construction_hash(),
+            plain_full.construction_hash()
+        );
+        // `spec_write` ignores an embedder's calibration.
+        assert_eq!(resolved_spec.construction_hash(), spec.construction_hash());
     }
 }

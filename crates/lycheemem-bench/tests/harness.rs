@@ -628,8 +628,10 @@ fn a_memory_that_fails_to_build_stops_the_run_after_the_earlier_waves_are_saved(
     let b = backends(Arc::new(ScriptedLlm::pipeline("Miso")), miso_judge());
     let spec = two_jobs_retrieval_only(dir.path(), &path, &["full"]);
     // The fifth conversation's memory cannot be opened: a file is where its folder goes.
+    // As the run hashes it: resolved for the test embedder (which has no calibration).
     let hash = Variant::new("full", &Config::default())
         .unwrap()
+        .resolved(None)
         .construction_hash();
     let (folder, _) = construct::paths(&spec.cache, data.kind, "conv-4", &hash).unwrap();
     std::fs::create_dir_all(&spec.cache).unwrap();
@@ -717,8 +719,10 @@ fn a_run_that_fails_stops_the_memories_being_built_at_their_next_session() {
             .iter()
             .any(|l| l.contains("conv-4") && l.contains("session 2/2"))
     );
+    // As the run hashes it: resolved for the test embedder (which has no calibration).
     let hash = Variant::new("full", &Config::default())
         .unwrap()
+        .resolved(None)
         .construction_hash();
     let conv4 = data.items.iter().find(|i| i.id == "conv-4").unwrap();
     assert!(!construct::is_built(&spec.cache, data.kind, conv4, &hash));

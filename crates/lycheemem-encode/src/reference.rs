@@ -78,7 +78,10 @@ mod tests {
 
     #[test]
     fn stays_within_budgets_and_keeps_the_newest() {
-        let cfg = EncodeConfig::default();
+        let cfg = EncodeConfig {
+            reference_records: 12,
+            ..Default::default()
+        };
         let mut rho = ReferenceContext::default();
         assert_eq!(rho.render(&cfg), "");
         let texts: Vec<String> = (0..30)

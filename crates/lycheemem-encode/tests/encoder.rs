@@ -129,7 +129,10 @@ fn well_formed_output_becomes_validated_records() {
         "{prompt}"
     );
     assert_eq!(rho.note, "Caroline and Melanie are friends.");
-    assert_eq!(rho.recent_records.len(), 2);
+    assert!(
+        rho.recent_records.is_empty(),
+        "the default ρ keeps no records"
+    );
 }
 
 #[test]
@@ -242,7 +245,7 @@ fn summary_records_variant_makes_one_untyped_record() {
 
 #[test]
 fn no_cross_segment_context_leaves_rho_out_of_the_prompt() {
-    let llm = scripted(&[GOOD, GOOD]);
+    let llm = scripted(&[GOOD, GOOD, GOOD]);
     let ns = Namespace::new("alice").unwrap();
     let (turns, seg) = (turns(), segment());
     let input = SegmentInput {
@@ -251,13 +254,19 @@ fn no_cross_segment_context_leaves_rho_out_of_the_prompt() {
         turns: &turns,
         session_date: Some("2023-05-08"),
     };
+    // The published ρ: the note and the session's last records (the default keeps the note
+    // only).
+    let published = EncodeConfig {
+        reference_records: 12,
+        ..Default::default()
+    };
     let mut rho = ReferenceContext::default();
     rho.update(
         "Mel is Melanie.",
         ["Caroline likes hiking.".to_string()],
-        &EncodeConfig::default(),
+        &published,
     );
-    SegmentEncoder::new(llm.clone(), EncodeConfig::default()).encode(&input, &mut rho.clone());
+    SegmentEncoder::new(llm.clone(), published.clone()).encode(&input, &mut rho.clone());
     SegmentEncoder::new(
         llm.clone(),
         EncodeConfig {
@@ -277,6 +286,20 @@ fn no_cross_segment_context_leaves_rho_out_of_the_prompt() {
         prompts[0][0].content, prompts[1][0].content,
         "the instructions are a fixed prefix"
     );
+    // The default ρ carries the note and no record.
+    let mut rho = ReferenceContext::default();
+    rho.update(
+        "Mel is Melanie.",
+        ["Caroline likes hiking.".to_string()],
+        &EncodeConfig::default(),
+    );
+    SegmentEncoder::new(llm.clone(), EncodeConfig::default()).encode(&input, &mut rho);
+    let last = &llm.prompts()[2][1].content;
+    assert!(
+        last.contains("Resolved references:\nMel is Melanie."),
+        "{last}"
+    );
+    assert!(!last.contains("Caroline likes hiking."), "{last}");
 }
 
 #[test]

@@ -90,7 +90,14 @@ fn segments_become_records_nodes_and_reference_context() {
         "nonsense",
         "still nonsense",
     ]));
-    let encoder = SegmentEncoder::new(llm.clone(), EncodeConfig::default());
+    // The published ρ, with the session's last records (the default carries the note only).
+    let encoder = SegmentEncoder::new(
+        llm.clone(),
+        EncodeConfig {
+            reference_records: 12,
+            ..Default::default()
+        },
+    );
     let organize = OrganizeConfig::default();
     for (first, last) in [(0, 1), (2, 3)] {
         let built = build_segment_write(

@@ -385,10 +385,7 @@ fn prepare<'a>(
         .map(|v| {
             // Segmentation constants as the memory will use them, so the construction hash
             // follows the embedder's calibration.
-            Variant::new(v, base).map(|mut v| {
-                v.config.segment = v.config.segment.resolved(calibration.as_ref());
-                v
-            })
+            Variant::new(v, base).map(|v| v.resolved(calibration.as_ref()))
         })
         .collect::<Result<_>>()?;
     check_variant_items(dataset, spec)?;
