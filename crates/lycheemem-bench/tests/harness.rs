@@ -1068,6 +1068,25 @@ fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
     let rebuilt = run::constructions(&again.out).unwrap();
     assert_eq!(rebuilt[0].report.tokens(), report.tokens());
     assert_eq!(rebuilt[0].report.seconds, report.seconds);
+    // The peer's calls are logged in the results folder; a build redone from nothing (its
+    // state deleted) replays them instead of calling the model, with the same token counts.
+    let logged = std::fs::read_to_string(spec.out.join(run::PEER_CALLS)).unwrap();
+    assert_eq!(logged.lines().count(), 3);
+    std::fs::remove_dir_all(spec.cache.join("peers")).unwrap();
+    let redone = RunSpec {
+        out: dir.path().join("results3"),
+        ..spec.clone()
+    };
+    let before = llm.calls();
+    run::run(&data, &redone, &Config::default(), &b, &mut |_| {}).unwrap();
+    assert_eq!(
+        llm.calls() - before,
+        2,
+        "answers only: the extraction calls were replayed"
+    );
+    let replayed = run::constructions(&redone.out).unwrap();
+    assert_eq!(replayed[0].report.tokens(), report.tokens());
+    assert_eq!(replayed[0].report.records, 3);
 }
 
 #[test]

@@ -47,10 +47,33 @@ def messages_for(group, first_speaker):
     return out
 
 
+# The date of the exchange being added (ISO day), see `open_mem0`.
+OBSERVED = {"date": None}
+
+
+def iso_day(date):
+    return date[:10] if date and len(date) >= 10 and date[4] == "-" and date[7] == "-" else None
+
+
 def open_mem0(job):
     os.environ.setdefault("MEM0_TELEMETRY", "False")
     os.environ["MEM0_DIR"] = os.path.join(job["store_dir"], "mem0-home")
     from mem0 import Memory
+    import mem0.memory.main as mem0_main
+
+    # mem0's open-source `add` takes no timestamp (its platform API does) and dates every
+    # extraction prompt "today". Each exchange is given its session's date as the observation
+    # and current date instead: relative dates resolve as on the day, and the prompts are the
+    # same on every run, so a rebuild replays the harness's logged calls.
+    extraction_prompt = mem0_main.generate_additive_extraction_prompt
+
+    def dated_extraction_prompt(*args, **kwargs):
+        if OBSERVED["date"]:
+            kwargs.setdefault("current_date", OBSERVED["date"])
+            kwargs.setdefault("timestamp", OBSERVED["date"])
+        return extraction_prompt(*args, **kwargs)
+
+    mem0_main.generate_additive_extraction_prompt = dated_extraction_prompt
 
     endpoint = {"openai_base_url": job["base_url"], "api_key": "local"}
     config = {
@@ -86,6 +109,7 @@ def open_mem0(job):
 
 
 def mem0_add(memory, job, key, session, group, first_speaker):
+    OBSERVED["date"] = iso_day(session.get("date"))
     memory.add(
         messages_for(group, first_speaker),
         user_id=job["user_id"],

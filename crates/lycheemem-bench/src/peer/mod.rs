@@ -36,7 +36,7 @@ pub const DRIVER: &str = include_str!("driver.py");
 /// The peer venv's pinned packages; `cargo xtask peer-venv` installs exactly these.
 pub const REQUIREMENTS: &str = include_str!("requirements.txt");
 /// Bumped whenever the way an item is fed to a peer changes (part of the build's hash).
-pub const PEER_PROTOCOL: u32 = 1;
+pub const PEER_PROTOCOL: u32 = 2;
 /// Where `cargo xtask peer-venv` writes the requirements it installed, inside the venv.
 pub const VENV_STAMP: &str = ".lycheemem-requirements";
 

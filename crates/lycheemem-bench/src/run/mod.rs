@@ -580,3 +580,7 @@ const WAVE_PER_JOB: usize = 2;
 /// The results folder's log of the encoder calls its memories were built with (committed with
 /// the report; replayed when a memory is rebuilt, on any machine).
 pub const ENCODER_CALLS: &str = "encoder-calls.jsonl";
+
+/// The results folder's log of the calls peer systems made (keys and replies, like
+/// [`ENCODER_CALLS`]; replayed when a peer's build is redone).
+pub const PEER_CALLS: &str = "peer-calls.jsonl";

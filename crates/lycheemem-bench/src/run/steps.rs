@@ -436,8 +436,13 @@ pub(super) fn open_wave(
                 top_k: ctx.spec.top_k.max(1),
                 cache: &ctx.spec.cache,
                 python: &python,
-                // The encoder's model, unlogged: the peer's calls are its own.
-                llm: ctx.backends.components.encode_llm.clone(),
+                // The encoder's model, with the peer's calls logged apart from the encoder's
+                // (in the results folder and the cache) and replayed when a build is redone.
+                llm: Arc::new(crate::replay::ReplayLlm::with_shared_log(
+                    ctx.backends.components.encode_llm.clone(),
+                    &ctx.spec.out.join(PEER_CALLS),
+                    &ctx.spec.cache.join(PEER_CALLS),
+                )?),
                 embedder: ctx.comps.embedder.clone(),
             };
             let run = crate::peer::build_and_search(&job, progress)?;
