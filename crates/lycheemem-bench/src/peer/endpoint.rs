@@ -410,16 +410,8 @@ fn parse_chat(body: &Value) -> Result<(Vec<ChatMessage>, GenerateOptions), Failu
     }
     options.stop = match body.get("stop") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|s| {
-                s.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| bad("stop must be strings"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(bad("stop must be a string or an array of strings")),
+        other => string_or_strings(other)
+            .ok_or_else(|| bad("stop must be a string or an array of strings"))?,
     };
     options.json_schema = match body.get("response_format") {
         None | Some(Value::Null) => None,
@@ -450,6 +442,15 @@ fn free_whitespace(mut schema: Value) -> Value {
             .or_insert_with(|| json!({"whitespace_flexible": true}));
     }
     schema
+}
+
+/// A string or an array of strings (OpenAI's `stop` and `input`); `None` for anything else.
+fn string_or_strings(value: Option<&Value>) -> Option<Vec<String>> {
+    match value? {
+        Value::String(s) => Some(vec![s.clone()]),
+        Value::Array(a) => a.iter().map(|v| v.as_str().map(str::to_string)).collect(),
+        _ => None,
+    }
 }
 
 fn chat(shared: &Shared, body: &Value) -> Result<Value, Failure> {
@@ -504,22 +505,9 @@ fn chat(shared: &Shared, body: &Value) -> Result<Value, Failure> {
 }
 
 fn embeddings(shared: &Shared, body: &Value) -> Result<Value, Failure> {
-    let texts: Vec<String> = match body.get("input") {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) if !a.is_empty() => a
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| bad("input must be a string or an array of strings"))
-            })
-            .collect::<Result<_, _>>()?,
-        _ => {
-            return Err(bad(
-                "input must be a string or a non-empty array of strings",
-            ));
-        }
-    };
+    let texts = string_or_strings(body.get("input"))
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| bad("input must be a string or a non-empty array of strings"))?;
     if texts.len() > MAX_EMBED_INPUTS {
         return Err(bad(format!(
             "{} inputs in one request; at most {MAX_EMBED_INPUTS}",
