@@ -245,43 +245,63 @@ fn reference_python(root: &Path) -> Result<PathBuf> {
     pinned_venv(
         "ref-venv",
         &root.join("scripts/reference/requirements.txt"),
+        None,
         "the reference venv (downloads torch; a few minutes)",
     )
 }
 
-/// The venv of the peer memory systems (`crates/lycheemem-bench/src/peer/requirements.txt`);
-/// the harness refuses a venv stamped with other pins.
+/// The venv of the peer memory systems (`crates/lycheemem-bench/src/peer/requirements.txt`,
+/// then `requirements-no-deps.txt` without dependencies); the harness refuses a venv stamped
+/// with other pins.
 fn peer_venv(root: &Path) -> Result<PathBuf> {
+    let peer = root.join("crates/lycheemem-bench/src/peer");
     pinned_venv(
         "peer-venv",
-        &root.join("crates/lycheemem-bench/src/peer/requirements.txt"),
-        "the peer venv",
+        &peer.join("requirements.txt"),
+        Some(&peer.join("requirements-no-deps.txt")),
+        "the peer venv (about 1 GB; a few minutes)",
     )
 }
 
-/// `~/.cache/lycheemem/<name>` with exactly `requirements` installed, stamped with them
+/// `~/.cache/lycheemem/<name>` with exactly `requirements` installed (then `no_deps`, each
+/// package without its declared dependencies), stamped with both files' text
 /// (`.lycheemem-requirements`) and reused while they match; returns its python.
-fn pinned_venv(name: &str, requirements: &Path, what: &str) -> Result<PathBuf> {
+fn pinned_venv(
+    name: &str,
+    requirements: &Path,
+    no_deps: Option<&Path>,
+    what: &str,
+) -> Result<PathBuf> {
     let home = std::env::var("HOME").context("HOME is not set")?;
     let venv = PathBuf::from(home).join(".cache/lycheemem").join(name);
     let python = venv.join("bin/python");
     let stamp = venv.join(".lycheemem-requirements");
-    let wanted = std::fs::read_to_string(requirements)?;
+    let mut wanted = std::fs::read_to_string(requirements)?;
+    if let Some(no_deps) = no_deps {
+        wanted.push_str(&std::fs::read_to_string(no_deps)?);
+    }
     if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
         return Ok(python);
     }
     eprintln!("creating {what} at {}", venv.display());
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(requirements))?;
+    let pip_install = |options: &[&str], file: &Path| {
+        run(Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(options)
+            .arg("-r")
+            .arg(file))
+    };
+    pip_install(&[], requirements)?;
+    if let Some(no_deps) = no_deps {
+        pip_install(&["--no-deps"], no_deps)?;
+    }
     std::fs::write(&stamp, wanted)?;
     Ok(python)
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 /// Every variant name, in report order.
-pub const VARIANTS: [&str; 20] = [
+pub const VARIANTS: [&str; 21] = [
     "full",
     "spec_write",
     "eager",
@@ -33,6 +33,7 @@ pub const VARIANTS: [&str; 20] = [
     "licomemory_no_summary",
     "licomemory_no_decay",
     "mem0",
+    "amem",
 ];
 
 /// How a variant answers.
@@ -70,7 +71,7 @@ impl Variant {
             },
         };
         match name {
-            "full" | "naive_rag" | "full_context" | "mem0" => {}
+            "full" | "naive_rag" | "full_context" | "mem0" | "amem" => {}
             "eager" => config.segment.policy = SegmentPolicy::PerExchange,
             "fixed_window" => config.segment.policy = SegmentPolicy::FixedWindow,
             // Semantic segmentation with the embedder's fitted calibration (issue #36; the

@@ -7,12 +7,17 @@ module `peer`) inside the pinned peer venv (`cargo xtask peer-venv`):
 
 The job (JSON) names the peer, its state folder, the loopback OpenAI-compatible endpoint the
 harness serves its own local LLM and embedder on, the item's sessions and the questions. The
-driver adds the conversation exchange by exchange (two consecutive turns of a session, as the
-peer's documentation prescribes: `add(messages, user_id=..., metadata=...)`), recording each
-finished exchange in `progress.json`, so a killed build resumes where it stopped. Then it
-searches every question (top k) and writes one JSON line per question to `hits_out`. Each
-memory carries the session, date and turn indices of the exchange it was extracted from, so
-the harness measures evidence recall exactly as for its own variants.
+driver adds the conversation unit by unit, as each peer's documentation prescribes:
+
+- mem0: exchange by exchange (two consecutive turns of a session),
+  `add(messages, user_id=..., metadata=...)`;
+- A-Mem: turn by turn, `add_note(content, time=...)`, one note per turn with the session's
+  date, as the authors' LoCoMo evaluation does;
+
+recording each finished unit in `progress.json`, so a killed build resumes where it stopped.
+Then it searches every question (top k) and writes one JSON line per question to `hits_out`.
+Each memory carries the session, date and turn indices it was made from, so the harness
+measures evidence recall exactly as for its own variants.
 
 Progress goes to stderr; the last stdout line is a JSON summary.
 """
@@ -32,6 +37,13 @@ def exchanges(sessions):
             group = turns[i : i + 2]
             key = f"{s['id']}#{group[0]['index']}-{group[-1]['index']}"
             yield key, s, group
+
+
+def single_turns(sessions):
+    """Each turn of each session on its own."""
+    for s in sessions:
+        for t in s["turns"]:
+            yield f"{s['id']}#{t['index']}", s, [t]
 
 
 def messages_for(group, first_speaker):
@@ -168,7 +180,137 @@ def mem0_count(memory, job):
     return len(found.get("results", []))
 
 
-PEERS = {"mem0": (open_mem0, mem0_add, mem0_search, mem0_count)}
+def amem_time(date):
+    """A-Mem's timestamp format, YYYYMMDDHHMM (midnight when the session gives only a day)."""
+    if not date or len(date) < 10:
+        return None
+    digits = date[:4] + date[5:7] + date[8:10]
+    clock = date[11:16].replace(":", "") if len(date) >= 16 else "0000"
+    stamp = digits + clock
+    return stamp if stamp.isdigit() and len(stamp) == 12 else None
+
+
+def open_amem(job):
+    import types
+
+    # A-Mem imports sentence-transformers and transformers at module level but, with its
+    # embedder replaced below, never calls them; they would pull torch into the venv.
+    for name, attrs in (
+        ("sentence_transformers", ("SentenceTransformer",)),
+        ("transformers", ("AutoModel", "AutoTokenizer")),
+    ):
+        try:
+            __import__(name)
+        except ImportError:
+            stub = types.ModuleType(name)
+            for attr in attrs:
+                setattr(stub, attr, None)
+            sys.modules[name] = stub
+    # Its OpenAI backend reads the endpoint from the environment (openai's OPENAI_BASE_URL).
+    os.environ["OPENAI_BASE_URL"] = job["base_url"]
+    os.environ["OPENAI_API_KEY"] = "local"
+    import numpy as np
+    from chromadb.api.types import EmbeddingFunction
+    from openai import OpenAI
+    import agentic_memory.retrievers as retrievers
+    from agentic_memory.memory_system import AgenticMemorySystem
+
+    client = OpenAI()
+
+    class EndpointEmbedding(EmbeddingFunction):
+        """The harness's embedder in place of A-Mem's sentence-transformers one (same MiniLM)."""
+
+        def __init__(self, model_name=None):
+            self.model = job["embed_model"]
+
+        def __call__(self, input):
+            texts = [input] if isinstance(input, str) else list(input)
+            reply = client.embeddings.create(
+                model=self.model, input=texts, encoding_format="float"
+            )
+            return [np.asarray(d.embedding, dtype=np.float32) for d in reply.data]
+
+        @staticmethod
+        def name():
+            return "lycheemem-endpoint"
+
+        def get_config(self):
+            return {"model": self.model}
+
+        @staticmethod
+        def build_from_config(config):
+            return EndpointEmbedding()
+
+    retrievers.SentenceTransformerEmbeddingFunction = EndpointEmbedding
+    system = AgenticMemorySystem(
+        model_name=job["embed_model"],
+        llm_backend="openai",
+        llm_model=job["llm_model"],
+        storage_path=os.path.join(job["store_dir"], "chroma"),
+    )
+    # A-Mem samples at temperature 1.0 by default; every system in the comparison decodes
+    # greedily (the harness's encoder does), so the peer is not handicapped by sampling noise.
+    controller = system.llm_controller.llm
+    sample = controller.get_completion
+
+    def greedy(prompt, response_format, temperature=1.0, max_tokens=None):
+        return sample(prompt, response_format, temperature=0.0, max_tokens=max_tokens)
+
+    controller.get_completion = greedy
+    return system
+
+
+def amem_add(memory, job, key, session, group, first_speaker):
+    turn = group[0]
+    if memory.retriever.collection.get(ids=[key])["ids"]:
+        return  # added before a crash that came ahead of the progress file
+    who = turn.get("speaker") or turn["role"]
+    # The authors' LoCoMo evaluation writes each turn as "Speaker <name>says : <text>".
+    memory.add_note(
+        f"Speaker {who} says : {turn['text']}",
+        time=amem_time(session.get("date")),
+        id=key,
+    )
+
+
+def amem_search(memory, job, question):
+    hits = []
+    sessions = {s["id"]: s for s in job["sessions"]}
+    for found in memory.search_agentic(question, k=job["top_k"]):
+        note = memory.read(found["id"])
+        if note is None:
+            continue
+        session_id, _, turn = found["id"].rpartition("#")
+        session = sessions.get(session_id, {})
+        # What A-Mem's own evaluation hands its answerer for a note, less the time (the
+        # harness prints each memory's session date itself).
+        text = (
+            f"{note.content}\tmemory context: {note.context}\t"
+            f"memory keywords: {note.keywords}\tmemory tags: {note.tags}"
+        )
+        score = found.get("score")
+        hits.append(
+            {
+                "id": found["id"],
+                "memory": text,
+                # chroma returns a distance; the harness ranks by score, larger is better
+                "score": -float(score) if score is not None else 0.0,
+                "session": session_id or None,
+                "session_date": session.get("date"),
+                "turns": [int(turn)] if turn.isdigit() else [],
+            }
+        )
+    return hits
+
+
+def amem_count(memory, job):
+    return memory.retriever.count()
+
+
+PEERS = {
+    "mem0": (exchanges, open_mem0, mem0_add, mem0_search, mem0_count),
+    "amem": (single_turns, open_amem, amem_add, amem_search, amem_count),
+}
 
 
 def set_phase(job, phase):
@@ -185,7 +327,7 @@ def main():
         job = json.load(f)
     if job["peer"] not in PEERS:
         sys.exit(f"unknown peer {job['peer']!r} (known: {', '.join(PEERS)})")
-    open_peer, add, search, count = PEERS[job["peer"]]
+    units_of, open_peer, add, search, count = PEERS[job["peer"]]
     os.makedirs(job["store_dir"], exist_ok=True)
     progress_file = os.path.join(job["store_dir"], "progress.json")
     done = set()
@@ -197,11 +339,11 @@ def main():
         (t.get("speaker") for s in job["sessions"] for t in s["turns"] if t.get("speaker")),
         None,
     )
-    units = list(exchanges(job["sessions"]))
+    units = list(units_of(job["sessions"]))
     beyond = done - {key for key, _, _ in units}
     if beyond:
         sys.exit(
-            f"{job['store_dir']} holds {len(beyond)} exchanges outside this run's sessions "
+            f"{job['store_dir']} holds {len(beyond)} units outside this run's sessions "
             f"(e.g. {sorted(beyond)[0]}); a slice needs its own cache folder"
         )
     started = time.time()
@@ -217,7 +359,7 @@ def main():
             json.dump({"added": sorted(done)}, f)
         os.replace(tmp, progress_file)
         print(
-            f"{job['peer']} {job['user_id']}: exchange {n}/{len(units)} added "
+            f"{job['peer']} {job['user_id']}: unit {n}/{len(units)} added "
             f"({time.time() - started:.0f}s)",
             file=sys.stderr,
             flush=True,
@@ -233,7 +375,7 @@ def main():
     print(
         json.dumps(
             {
-                "exchanges": len(units),
+                "units": len(units),
                 "added_now": added_now,
                 "build_seconds": build_seconds,
                 "memories": count(memory, job),

@@ -31,6 +31,12 @@ pub const MAX_BODY: usize = 32 << 20;
 const MAX_HEADERS: usize = 64 << 10;
 /// Texts per `/v1/embeddings` request at most.
 const MAX_EMBED_INPUTS: usize = 4096;
+/// Completion tokens a chat request that names no `max_tokens` may spend. OpenAI's limit is
+/// then the context; a cap keeps a small model that loops under greedy decoding from
+/// spending minutes on output its caller cannot parse anyway, and is set well above what a
+/// well-formed reply of the peers' prompts needs (A-Mem's evolution reply for five neighbours
+/// is a few hundred tokens).
+pub const DEFAULT_MAX_TOKENS: u32 = 1024;
 
 /// What the endpoint served in one phase.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -380,6 +386,7 @@ fn parse_chat(body: &Value) -> Result<(Vec<ChatMessage>, GenerateOptions), Failu
     let mut options = GenerateOptions {
         // OpenAI's defaults where the request is silent.
         temperature: 1.0,
+        max_tokens: DEFAULT_MAX_TOKENS,
         ..Default::default()
     };
     if let Some(t) = number("temperature") {
@@ -522,13 +529,17 @@ fn embeddings(shared: &Shared, body: &Value) -> Result<Value, Failure> {
             "this embedder makes {dims}-dimensional vectors; {asked} were asked for"
         )));
     }
-    if body
-        .get("encoding_format")
-        .and_then(Value::as_str)
-        .is_some_and(|f| f != "float")
-    {
-        return Err(bad("only encoding_format \"float\" is supported"));
-    }
+    // The openai SDK asks for base64 unless told otherwise.
+    let base64 = match body.get("encoding_format").filter(|v| !v.is_null()) {
+        None => false,
+        Some(f) if f == "float" => false,
+        Some(f) if f == "base64" => true,
+        Some(other) => {
+            return Err(bad(format!(
+                "encoding_format {other} is not one of \"float\", \"base64\""
+            )));
+        }
+    };
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let vectors = shared
         .embedder
@@ -548,7 +559,14 @@ fn embeddings(shared: &Shared, body: &Value) -> Result<Value, Failure> {
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()
-        .map(|(index, embedding)| json!({"object": "embedding", "index": index, "embedding": embedding}))
+        .map(|(index, embedding)| {
+            let embedding = if base64 {
+                json!(base64_f32(&embedding))
+            } else {
+                json!(embedding)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
         .collect();
     Ok(json!({
         "object": "list",
@@ -556,6 +574,30 @@ fn embeddings(shared: &Shared, body: &Value) -> Result<Value, Failure> {
         "model": shared.embed_name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
+}
+
+/// A vector as OpenAI's `encoding_format: "base64"` sends it: the little-endian f32 bytes,
+/// standard base64 with padding.
+fn base64_f32(vector: &[f32]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> shift) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -588,7 +630,7 @@ mod tests {
 
     #[test]
     fn chat_and_embeddings_are_served_and_metered_by_phase() {
-        let (e, llm) = endpoint(&["{\"memory\": []}"]);
+        let (e, llm) = endpoint(&["{\"memory\": []}", "again"]);
         let url = e.base_url();
         let (status, reply) = call(
             &url,
@@ -612,6 +654,19 @@ mod tests {
             Some(json!({"type": "object", "x-guidance": {"whitespace_flexible": true}}))
         );
         assert_eq!((options.temperature, options.max_tokens), (0.0, 64));
+        // A request silent on sampling gets OpenAI's temperature and the endpoint's cap.
+        let (status, _) = call(
+            &url,
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"again"}]}"#,
+        );
+        assert_eq!(status, 200);
+        let options = &llm.options()[1];
+        assert_eq!(
+            (options.temperature, options.max_tokens),
+            (1.0, DEFAULT_MAX_TOKENS)
+        );
         let (status, phase) = call(&url, "POST", "/lycheemem/phase", r#"{"phase":"search"}"#);
         assert_eq!((status, &phase["phase"]), (200, &json!("search")));
         let (status, emb) = call(
@@ -624,11 +679,35 @@ mod tests {
         assert_eq!(emb["data"].as_array().unwrap().len(), 2);
         assert_eq!(emb["data"][1]["index"], 1);
         assert_eq!(emb["data"][0]["embedding"].as_array().unwrap().len(), 16);
+        // The openai SDK's default format carries the same numbers.
+        let (status, packed) = call(
+            &url,
+            "POST",
+            "/v1/embeddings",
+            r#"{"model":"m","input":["a cat","a dog"],"encoding_format":"base64"}"#,
+        );
+        assert_eq!(status, 200, "{packed}");
+        let floats: Vec<f32> = emb["data"][1]["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(packed["data"][1]["embedding"], json!(base64_f32(&floats)));
         let usage = e.usage();
-        assert_eq!(usage["build"].chat_calls, 1);
+        assert_eq!(usage["build"].chat_calls, 2);
         assert_eq!(usage["build"].embed_requests, 0);
-        assert_eq!(usage["search"].embed_texts, 2);
+        assert_eq!(usage["search"].embed_texts, 4);
         assert_eq!(usage["search"].chat_calls, 0);
+    }
+
+    #[test]
+    fn base64_vectors_are_little_endian_f32_bytes() {
+        // Checked against Python's base64.b64encode(struct.pack("<...f", ...)).
+        assert_eq!(base64_f32(&[1.0]), "AACAPw==");
+        assert_eq!(base64_f32(&[1.0, 2.0]), "AACAPwAAAEA=");
+        assert_eq!(base64_f32(&[1.0, -2.5, 0.1]), "AACAPwAAIMDNzMw9");
+        assert_eq!(base64_f32(&[]), "");
     }
 
     #[test]
@@ -637,6 +716,13 @@ mod tests {
         let url = e.base_url();
         let cases = [
             ("POST", "/v1/chat/completions", "not json", 400, "not JSON"),
+            (
+                "POST",
+                "/v1/embeddings",
+                r#"{"input":"x","encoding_format":"int8"}"#,
+                400,
+                "encoding_format",
+            ),
             (
                 "POST",
                 "/v1/chat/completions",

@@ -1,4 +1,4 @@
-//! Peer memory systems in the harness (variant `mem0`): the real package, pinned in a Python
+//! Peer memory systems in the harness (variants `mem0` and `amem`): the real package, pinned in a Python
 //! venv (`cargo xtask peer-venv`, [`REQUIREMENTS`]), fed each item by [`DRIVER`] and asked for
 //! each question's top-k memories, which go to the same answer prompt and judge as every other
 //! variant.
@@ -35,6 +35,8 @@ use std::sync::Arc;
 pub const DRIVER: &str = include_str!("driver.py");
 /// The peer venv's pinned packages; `cargo xtask peer-venv` installs exactly these.
 pub const REQUIREMENTS: &str = include_str!("requirements.txt");
+/// Pinned packages installed without their declared dependencies, after [`REQUIREMENTS`].
+pub const REQUIREMENTS_NO_DEPS: &str = include_str!("requirements-no-deps.txt");
 /// Bumped whenever the way an item is fed to a peer changes (part of the build's hash).
 pub const PEER_PROTOCOL: u32 = 2;
 /// Where `cargo xtask peer-venv` writes the requirements it installed, inside the venv.
@@ -46,12 +48,15 @@ pub const VENV_STAMP: &str = ".lycheemem-requirements";
 pub enum PeerKind {
     /// mem0 (`mem0ai`), open-source `Memory` with its default on-disk Qdrant store.
     Mem0,
+    /// A-Mem (`a-mem`), `AgenticMemorySystem` with its default on-disk Chroma store.
+    Amem,
 }
 
 impl PeerKind {
     pub fn from_name(name: &str) -> Option<PeerKind> {
         match name {
             "mem0" => Some(PeerKind::Mem0),
+            "amem" => Some(PeerKind::Amem),
             _ => None,
         }
     }
@@ -59,6 +64,7 @@ impl PeerKind {
     pub fn name(self) -> &'static str {
         match self {
             PeerKind::Mem0 => "mem0",
+            PeerKind::Amem => "amem",
         }
     }
 
@@ -66,13 +72,20 @@ impl PeerKind {
     pub fn package(self) -> &'static str {
         let wanted = match self {
             PeerKind::Mem0 => "mem0ai==",
+            PeerKind::Amem => "a-mem==",
         };
         REQUIREMENTS
             .lines()
+            .chain(REQUIREMENTS_NO_DEPS.lines())
             .map(str::trim)
             .find(|l| l.starts_with(wanted))
             .unwrap_or(wanted)
     }
+}
+
+/// What `cargo xtask peer-venv` writes to [`VENV_STAMP`]: both requirement files, in order.
+pub fn venv_stamp() -> String {
+    format!("{REQUIREMENTS}{REQUIREMENTS_NO_DEPS}")
 }
 
 /// The peer venv's python: `~/.cache/lycheemem/peer-venv/bin/python`.
@@ -96,7 +109,7 @@ pub fn check_python(python: &Path) -> Result<()> {
         .map(|venv| venv.join(VENV_STAMP));
     if let Some(stamp) = stamp.filter(|s| s.exists()) {
         let installed = std::fs::read_to_string(&stamp).unwrap_or_default();
-        if installed != REQUIREMENTS {
+        if installed != venv_stamp() {
             bail!(
                 "the peer venv of {} was made for other requirements than this harness pins \
                  (run `cargo xtask peer-venv` again)",
@@ -160,7 +173,9 @@ struct HitsLine {
 /// The driver's closing summary line.
 #[derive(Debug, Clone, Deserialize)]
 struct DriverSummary {
-    exchanges: u64,
+    /// Units fed: exchanges (mem0) or turns (A-Mem).
+    #[serde(alias = "exchanges")]
+    units: u64,
     added_now: u64,
     build_seconds: f64,
     memories: u64,
@@ -302,6 +317,8 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         .env("MEM0_TELEMETRY", "False")
         .env("ANONYMIZED_TELEMETRY", "False")
         .env("HF_HUB_OFFLINE", "1")
+        // litellm (an A-Mem dependency) otherwise fetches a price list from the network
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -384,7 +401,7 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         hash,
         sessions: job.item.sessions.len(),
         turns: job.item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
-        exchanges: summary.exchanges,
+        exchanges: summary.units,
         segments: 0,
         failed_segments: 0,
         records: summary.memories,
@@ -401,4 +418,65 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         hits,
         search_usage: usage.get("search").cloned().unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The driver's feeding units and A-Mem's timestamps, run by the system python (the
+    /// driver imports only the standard library until a peer is opened).
+    #[test]
+    fn the_driver_feeds_mem0_exchanges_and_amem_turns_with_their_dates() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = dir.path().join("driver.py");
+        std::fs::write(&driver, DRIVER).unwrap();
+        let script = r#"
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("driver", sys.argv[1])
+d = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(d)
+sessions = [{"id": "session_1", "date": "2023-05-08", "turns": [{"index": i} for i in range(3)]}]
+print(json.dumps({
+    "exchanges": [k for k, _, _ in d.exchanges(sessions)],
+    "turns": [k for k, _, _ in d.single_turns(sessions)],
+    "times": [d.amem_time(x) for x in ["2023-05-08", "2023-05-08T13:56:00", "8 May 2023", None]],
+    "peers": sorted(d.PEERS),
+}))
+"#;
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(&driver)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            v["exchanges"],
+            serde_json::json!(["session_1#0-1", "session_1#2-2"])
+        );
+        assert_eq!(
+            v["turns"],
+            serde_json::json!(["session_1#0", "session_1#1", "session_1#2"])
+        );
+        assert_eq!(
+            v["times"],
+            serde_json::json!(["202305080000", "202305081356", null, null])
+        );
+        // Every peer the harness names is one the driver can run.
+        for kind in [PeerKind::Mem0, PeerKind::Amem] {
+            assert!(
+                v["peers"].as_array().unwrap().contains(&kind.name().into()),
+                "{}",
+                kind.name()
+            );
+            assert_eq!(PeerKind::from_name(kind.name()), Some(kind));
+            assert!(kind.package().contains("=="), "{}", kind.package());
+        }
+    }
 }
