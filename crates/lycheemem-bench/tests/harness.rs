@@ -9,6 +9,7 @@ use lycheemem_core::{Config, Result as LlmResult};
 use lycheemem_llm::{ChatMessage, Completion, GenerateOptions, Llm};
 use lycheemem_testkit::{HashEmbedder, ScriptedLlm};
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -996,10 +997,14 @@ fn fake_peer_python(dir: &std::path::Path) -> std::path::PathBuf {
     python
 }
 
-#[test]
-fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset::load(&locomo_file(dir.path())).unwrap();
+/// The tiny LoCoMo file, an LLM answering the stand-in peer's extraction prompt and the
+/// questions, and a run of `variants` on the stand-in peer (k = 2).
+fn peer_run(
+    dir: &Path,
+    variants: &[&str],
+    jobs: usize,
+) -> (dataset::Dataset, Arc<ScriptedLlm>, Backends, RunSpec) {
+    let data = dataset::load(&locomo_file(dir)).unwrap();
     let llm = Arc::new(ScriptedLlm::responding(|m| {
         let user = m.last().map_or("", |m| m.content.as_str());
         if user.starts_with("Extract memories") {
@@ -1011,14 +1016,51 @@ fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
     let b = backends(llm.clone(), miso_judge());
     let spec = RunSpec {
         top_k: 2,
-        peer_python: Some(fake_peer_python(dir.path())),
+        jobs,
+        peer_python: Some(fake_peer_python(dir)),
         ..spec_for(
-            &dir.path().join("locomo_tiny.json"),
-            &dir.path().join("results"),
-            &dir.path().join("cache"),
-            &["mem0"],
+            &dir.join("locomo_tiny.json"),
+            &dir.join("results"),
+            &dir.join("cache"),
+            variants,
         )
     };
+    (data, llm, b, spec)
+}
+
+#[test]
+fn peer_builds_run_side_by_side_and_report_in_variant_order() {
+    let dir = tempfile::tempdir().unwrap();
+    // Both peer variants on the stand-in peer, two builds at once.
+    let (data, _llm, b, spec) = peer_run(dir.path(), &["amem", "mem0"], 2);
+    let mut lines = Vec::new();
+    run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l)).unwrap();
+    let built = run::constructions(&spec.out).unwrap();
+    let names: Vec<&str> = built.iter().map(|c| c.variant.as_str()).collect();
+    assert_eq!(names, ["amem", "mem0"], "{lines:#?}");
+    for c in &built {
+        assert_eq!(
+            (c.report.exchanges, c.report.records),
+            (3, 3),
+            "{}",
+            c.variant
+        );
+        assert_eq!(
+            c.report.encode_calls, 3,
+            "every call is metered, replayed or not"
+        );
+    }
+    assert_ne!(
+        built[0].report.hash, built[1].report.hash,
+        "separate stores"
+    );
+    assert_eq!(run::predictions(&spec.out).unwrap().len(), 4);
+}
+
+#[test]
+fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, llm, b, spec) = peer_run(dir.path(), &["mem0"], 1);
     run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
     // Three exchanges (two in session 1, one in session 2): one extraction call each, then one
     // answer per question (2); the judge is a separate model.

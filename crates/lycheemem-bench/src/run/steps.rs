@@ -415,51 +415,75 @@ pub(super) fn open_wave(
             )?;
             opened.indexes.insert(i, index);
         }
+    }
+    // Peers: every (item, peer variant) of the wave with work left, `jobs` at a time (each with
+    // its own endpoint and driver process; a local LLM decodes their calls together).
+    let mut peer_tasks: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+    for &(i, qs) in wave {
         for (vi, v) in ctx.variants.iter().enumerate() {
-            let VariantKind::Peer(peer) = v.kind else {
+            if !matches!(v.kind, VariantKind::Peer(_)) {
                 continue;
-            };
+            }
             let pending = ctx.pending(v, i, qs, &ck.done);
-            if pending.is_empty() && !ctx.needs_report(v, i, ck) {
-                continue;
+            if !pending.is_empty() || ctx.needs_report(v, i, ck) {
+                peer_tasks.push((i, vi, pending));
             }
-            let python = match &ctx.spec.peer_python {
-                Some(p) => p.clone(),
-                None => crate::peer::default_python()
-                    .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass the peer python"))?,
-            };
-            let job = crate::peer::PeerJob {
-                kind: peer,
-                dataset_kind: ctx.dataset.kind,
-                item,
-                questions: pending.iter().map(|&j| &item.questions[j]).collect(),
-                top_k: ctx.spec.top_k.max(1),
-                cache: &ctx.spec.cache,
-                python: &python,
-                // The encoder's model, with the peer's calls logged apart from the encoder's
-                // (in the results folder and the cache) and replayed when a build is redone.
-                llm: Arc::new(crate::replay::ReplayLlm::with_shared_log(
-                    ctx.backends.components.encode_llm.clone(),
-                    &ctx.spec.out.join(PEER_CALLS),
-                    &ctx.spec.cache.join(PEER_CALLS),
-                )?),
-                embedder: ctx.comps.embedder.clone(),
-            };
-            let run = crate::peer::build_and_search(&job, progress)?;
-            progress(format!(
-                "{} {}: {} memories from {} exchanges, {} LLM calls, {} construction tokens",
-                v.name,
-                item.id,
-                run.report.records,
-                run.report.exchanges,
-                run.report.encode_calls,
-                run.report.tokens()
-            ));
-            if ctx.allowed(v, item) {
-                ck.report_construction(ctx.spec, &v.name, &run.report)?;
-            }
-            opened.peers.insert((i, vi), run);
         }
+    }
+    let python = match &ctx.spec.peer_python {
+        Some(p) => p.clone(),
+        None => crate::peer::default_python()
+            .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass the peer python"))?,
+    };
+    let build = |(i, vi, pending): &(usize, usize, Vec<usize>),
+                 say: &mut dyn FnMut(String)|
+     -> Result<(usize, usize, crate::peer::PeerRun)> {
+        let (item, v) = (&ctx.dataset.items[*i], &ctx.variants[*vi]);
+        let VariantKind::Peer(peer) = v.kind else {
+            anyhow::bail!("{} is not a peer variant", v.name)
+        };
+        let job = crate::peer::PeerJob {
+            kind: peer,
+            dataset_kind: ctx.dataset.kind,
+            item,
+            questions: pending.iter().map(|&j| &item.questions[j]).collect(),
+            top_k: ctx.spec.top_k.max(1),
+            cache: &ctx.spec.cache,
+            python: &python,
+            // The encoder's model, with the peer's calls logged apart from the encoder's
+            // (in the results folder and the cache) and replayed when a build is redone.
+            llm: Arc::new(crate::replay::ReplayLlm::with_shared_log(
+                ctx.backends.components.encode_llm.clone(),
+                &ctx.spec.out.join(PEER_CALLS),
+                &ctx.spec.cache.join(PEER_CALLS),
+            )?),
+            embedder: ctx.comps.embedder.clone(),
+        };
+        let run = crate::peer::build_and_search(&job, say)?;
+        say(format!(
+            "{} {}: {} memories from {} units, {} LLM calls, {} construction tokens",
+            v.name,
+            item.id,
+            run.report.records,
+            run.report.exchanges,
+            run.report.encode_calls,
+            run.report.tokens()
+        ));
+        Ok((*i, *vi, run))
+    };
+    let mut runs = Vec::new();
+    for_each_parallel(ctx.spec.jobs, &peer_tasks, build, progress, |run, _| {
+        runs.push(run);
+        Ok(())
+    })?;
+    // Reports in item and variant order, whatever order the builds finished in.
+    runs.sort_by_key(|(i, vi, _)| (*i, *vi));
+    for (i, vi, run) in runs {
+        let (item, v) = (&ctx.dataset.items[i], &ctx.variants[vi]);
+        if ctx.allowed(v, item) {
+            ck.report_construction(ctx.spec, &v.name, &run.report)?;
+        }
+        opened.peers.insert((i, vi), run);
     }
     Ok(opened)
 }
