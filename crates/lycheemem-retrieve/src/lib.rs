@@ -30,6 +30,7 @@ use lycheemem_embed::{Embedder, Reranker};
 use lycheemem_llm::Llm;
 use lycheemem_store::RetrievalStore;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 pub use answer::{AnswerText, answer, answer_messages, complete_answer};
 pub use planner::PlanOutcome;
@@ -330,19 +331,44 @@ impl Retriever<'_> {
             k,
         };
         let mut lists: Vec<(String, Vec<candidate::Scored>)> = Vec::new();
-        let (mut embed_ms, mut recall_ms, mut score_ms) = (0.0, 0.0, 0.0);
-        for r in &plan.routes {
-            let clock = std::time::Instant::now();
-            let texts = route::variants(question, r, cfg.max_variants);
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let vectors = self.embedder.embed(&refs)?;
-            embed_ms += clock.elapsed().as_secs_f64() * 1e3;
-            let (list, t) = route::run_route_timed(&ctx, r, &texts, &vectors)?;
+        let (mut recall_ms, mut score_ms) = (0.0, 0.0);
+        // Every route's variants in one batch, each distinct text once (the question leads
+        // every route's variants).
+        let clock = std::time::Instant::now();
+        let route_texts: Vec<Vec<String>> = plan
+            .routes
+            .iter()
+            .map(|r| route::variants(question, r, cfg.max_variants))
+            .collect();
+        let mut distinct: Vec<&str> = Vec::new();
+        for t in route_texts.iter().flatten() {
+            if !distinct.contains(&t.as_str()) {
+                distinct.push(t);
+            }
+        }
+        let embedded: HashMap<&str, Vec<f32>> = distinct
+            .iter()
+            .copied()
+            .zip(self.embedder.embed(&distinct)?)
+            .collect();
+        timings.insert("embed", clock.elapsed().as_secs_f64() * 1e3);
+        for (r, texts) in plan.routes.iter().zip(&route_texts) {
+            let vectors: Vec<Vec<f32>> = texts
+                .iter()
+                .filter_map(|t| embedded.get(t.as_str()).cloned())
+                .collect();
+            if vectors.len() != texts.len() {
+                return Err(Error::Model(format!(
+                    "the embedder returned {} vectors for {} texts",
+                    embedded.len(),
+                    distinct.len()
+                )));
+            }
+            let (list, t) = route::run_route_timed(&ctx, r, texts, &vectors)?;
             recall_ms += t.recall_ms;
             score_ms += t.score_ms;
             lists.push((r.route_id.clone(), list));
         }
-        timings.insert("embed", embed_ms);
         timings.insert("recall", recall_ms);
         timings.insert("score", score_ms);
         let clock = std::time::Instant::now();

@@ -10,7 +10,7 @@ use lycheemem_encode::{SegmentEncoder, build_segment_write};
 use lycheemem_retrieve::{Retriever, SearchRequest, SearchResult, answer};
 use lycheemem_store::prelude::*;
 use lycheemem_store::{SessionInfo, Store, StoreOptions};
-use lycheemem_testkit::{ScriptedLlm, minilm};
+use lycheemem_testkit::{RecordingEmbedder, ScriptedLlm, minilm};
 use std::sync::{Arc, OnceLock};
 
 const S1_RECORDS: &str = r#"{"records": [
@@ -559,4 +559,44 @@ fn a_raw_turn_hit_is_shown_with_its_reply_and_keeps_it_as_its_focus() {
             );
         }
     }
+}
+
+#[test]
+fn every_routes_variants_are_embedded_in_one_batch_each_text_once() {
+    let w = world();
+    let plan = r#"{"question_type": "multi", "semantic_queries": [], "temporal_filter": null,
+      "routes": [
+        {"route_id": "r1", "goal": "what Melanie painted", "queries": ["Melanie's painting"], "constraints": [], "temporal_filter": null},
+        {"route_id": "r2", "goal": "what Caroline painted", "queries": ["Melanie's painting", "portrait"], "constraints": [], "temporal_filter": null}]}"#;
+    let planner = ScriptedLlm::new(&[plan]);
+    let embedder = RecordingEmbedder::new(&w.embedder);
+    let cfg = RetrievalConfig::default();
+    let retriever = Retriever {
+        store: &w.store,
+        embedder: &embedder,
+        reranker: None,
+        planner: Some(&planner),
+        cfg: &cfg,
+    };
+    let req = SearchRequest {
+        question: "Who painted what?",
+        context: "",
+        reference_date: Some("2023-06-21"),
+        top_k: 5,
+        plan: None,
+        trace: false,
+        cancel: Default::default(),
+    };
+    let result = retriever.search(&w.ns, &req).unwrap();
+    assert_eq!(result.plan.routes.len(), 2, "{:?}", result.plan);
+    let batches = embedder.batches();
+    assert_eq!(batches.len(), 1, "{batches:?}");
+    let mut texts = batches[0].clone();
+    texts.sort();
+    let before = texts.len();
+    texts.dedup();
+    assert_eq!(texts.len(), before, "a text embedded twice: {batches:?}");
+    assert!(texts.contains(&"Who painted what?".to_string()));
+    assert!(texts.contains(&"portrait".to_string()));
+    assert!(!result.evidence.is_empty());
 }

@@ -192,6 +192,52 @@ impl Embedder for HashEmbedder {
     }
 }
 
+/// An embedder that passes every batch on to `inner` and records it.
+pub struct RecordingEmbedder<E> {
+    pub inner: E,
+    batches: std::sync::Mutex<Vec<Vec<String>>>,
+}
+
+impl<E> RecordingEmbedder<E> {
+    pub fn new(inner: E) -> Self {
+        RecordingEmbedder {
+            inner,
+            batches: Default::default(),
+        }
+    }
+
+    /// The batches embedded so far, in order.
+    pub fn batches(&self) -> Vec<Vec<String>> {
+        self.batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Every text embedded so far, in order.
+    pub fn texts(&self) -> Vec<String> {
+        self.batches().concat()
+    }
+}
+
+impl<E: std::ops::Deref<Target = T> + Send + Sync, T: Embedder + ?Sized + 'static> Embedder
+    for RecordingEmbedder<E>
+{
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        self.batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(texts.iter().map(|t| t.to_string()).collect());
+        self.inner.embed(texts)
+    }
+    fn dimension(&self) -> usize {
+        self.inner.dimension()
+    }
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+}
+
 /// The folder of a model from the repository's `models/` manifest, fetched on first use (tests
 /// that need real weights call this; it takes a cross-process lock, so parallel tests share
 /// one download).

@@ -4,7 +4,7 @@
 use lycheemem::{Components, Memory, NewTurn, QueryOptions};
 use lycheemem_core::{Config, Namespace, Purpose, SessionId};
 use lycheemem_embed::Embedder;
-use lycheemem_testkit::{ScriptedLlm, minilm};
+use lycheemem_testkit::{RecordingEmbedder, ScriptedLlm, minilm};
 use std::sync::{Arc, OnceLock};
 
 fn embedder() -> Arc<dyn Embedder> {
@@ -463,34 +463,9 @@ fn a_real_small_model_runs_the_whole_pipeline() {
     assert!(answer.tokens() > 0);
 }
 
-/// Records every embedded text.
-struct Recording {
-    inner: Arc<dyn Embedder>,
-    texts: std::sync::Mutex<Vec<String>>,
-}
-
-impl Embedder for Recording {
-    fn embed(&self, texts: &[&str]) -> lycheemem_core::Result<Vec<Vec<f32>>> {
-        self.texts
-            .lock()
-            .unwrap()
-            .extend(texts.iter().map(|t| t.to_string()));
-        self.inner.embed(texts)
-    }
-    fn dimension(&self) -> usize {
-        self.inner.dimension()
-    }
-    fn model_id(&self) -> &str {
-        self.inner.model_id()
-    }
-}
-
 #[test]
 fn two_speaker_logs_embed_each_turn_once() {
-    let recording = Arc::new(Recording {
-        inner: embedder(),
-        texts: std::sync::Mutex::new(Vec::new()),
-    });
+    let recording = Arc::new(RecordingEmbedder::new(embedder()));
     let (mut comp, _) = components("x");
     comp.embedder = recording.clone();
     let dir = tempfile::tempdir().unwrap();
@@ -508,7 +483,7 @@ fn two_speaker_logs_embed_each_turn_once() {
     memory.flush(&ns, &s).unwrap();
     // Each turn is its own exchange: the segmenter reuses the turn vector instead of
     // embedding the same text again.
-    let texts = recording.texts.lock().unwrap().clone();
+    let texts = recording.texts();
     for turn in [
         "Caroline: I went to a pottery class yesterday.",
         "Melanie: Nice! I ran a charity race.",
