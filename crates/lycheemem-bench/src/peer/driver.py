@@ -248,15 +248,9 @@ def open_amem(job):
         llm_model=job["llm_model"],
         storage_path=os.path.join(job["store_dir"], "chroma"),
     )
-    # A-Mem samples at temperature 1.0 by default; every system in the comparison decodes
-    # greedily (the harness's encoder does), so the peer is not handicapped by sampling noise.
-    controller = system.llm_controller.llm
-    sample = controller.get_completion
-
-    def greedy(prompt, response_format, temperature=1.0, max_tokens=None):
-        return sample(prompt, response_format, temperature=0.0, max_tokens=max_tokens)
-
-    controller.get_completion = greedy
+    # A-Mem's own sampling settings stay (temperature 1.0, its OpenAI backend's default):
+    # decoding greedily, Qwen2.5-Coder-0.5B repeated itself inside every evolution reply (a trial)
+    # until the token cap.
     return system
 
 
