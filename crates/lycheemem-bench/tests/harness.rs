@@ -1058,6 +1058,30 @@ fn peer_builds_run_side_by_side_and_report_in_variant_order() {
 }
 
 #[test]
+fn a_failed_peer_build_stops_the_run_but_the_finished_one_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, _llm, b, spec) = peer_run(dir.path(), &["amem", "mem0"], 2);
+    std::fs::create_dir_all(spec.cache.join("peers")).unwrap();
+    std::fs::write(spec.cache.join("peers/fail-amem"), "").unwrap();
+    let err = run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("failing as the test asked"),
+        "{err:#}"
+    );
+    let built = run::constructions(&spec.out).unwrap();
+    let names: Vec<&str> = built.iter().map(|c| c.variant.as_str()).collect();
+    assert_eq!(names, ["mem0"]);
+    assert!(run::predictions(&spec.out).unwrap().is_empty());
+    // Once the failure is gone, a rerun reuses mem0's build and makes amem's.
+    std::fs::remove_file(spec.cache.join("peers/fail-amem")).unwrap();
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    let built = run::constructions(&spec.out).unwrap();
+    let names: Vec<&str> = built.iter().map(|c| c.variant.as_str()).collect();
+    assert_eq!(names, ["mem0", "amem"]);
+    assert_eq!(run::predictions(&spec.out).unwrap().len(), 4);
+}
+
+#[test]
 fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
     let dir = tempfile::tempdir().unwrap();
     let (data, llm, b, spec) = peer_run(dir.path(), &["mem0"], 1);

@@ -23,6 +23,7 @@ Progress goes to stderr; the last stdout line is a JSON summary.
 """
 
 import json
+import logging
 import os
 import sys
 import time
@@ -190,6 +191,22 @@ def amem_time(date):
     return stamp if stamp.isdigit() and len(stamp) == 12 else None
 
 
+class ErrorCount(logging.Handler):
+    """Counts the errors a peer logs and carries on from (A-Mem logs a failed evolution call)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record):
+        self.count += 1
+
+
+AMEM_ERRORS = ErrorCount()
+# What A-Mem's `analyze_content` returns when its LLM call or the reply's parsing failed.
+AMEM_NO_ANALYSIS = {"keywords": [], "context": "General", "tags": []}
+
+
 def open_amem(job):
     import types
 
@@ -237,6 +254,10 @@ def open_amem(job):
         def get_config(self):
             return {"model": self.model}
 
+        def default_space(self):
+            # What A-Mem's own sentence-transformers embedding function asks Chroma for.
+            return "cosine"
+
         @staticmethod
         def build_from_config(config):
             return EndpointEmbedding()
@@ -251,6 +272,17 @@ def open_amem(job):
     # A-Mem's own sampling settings stay (temperature 1.0, its OpenAI backend's default):
     # decoding greedily, Qwen2.5-Coder-0.5B repeated itself inside every evolution reply (a trial)
     # until the token cap.
+    # A-Mem keeps a note whose analysis or evolution call failed, with defaults; count them.
+    logging.getLogger("agentic_memory.memory_system").addHandler(AMEM_ERRORS)
+    analyze = system.analyze_content
+
+    def counted_analysis(content):
+        result = analyze(content)
+        if result == AMEM_NO_ANALYSIS:
+            AMEM_ERRORS.count += 1
+        return result
+
+    system.analyze_content = counted_analysis
     return system
 
 
@@ -259,18 +291,25 @@ def amem_add(memory, job, key, session, group, first_speaker):
     if memory.retriever.collection.get(ids=[key])["ids"]:
         return  # added before a crash that came ahead of the progress file
     who = turn.get("speaker") or turn["role"]
+    errors = AMEM_ERRORS.count
     # The authors' LoCoMo evaluation writes each turn as "Speaker <name>says : <text>".
     memory.add_note(
         f"Speaker {who} says : {turn['text']}",
         time=amem_time(session.get("date")),
         id=key,
     )
+    return AMEM_ERRORS.count > errors
 
 
 def amem_search(memory, job, question):
     hits = []
     sessions = {s["id"]: s for s in job["sessions"]}
-    for found in memory.search_agentic(question, k=job["top_k"]):
+    found_all = memory.search_agentic(question, k=job["top_k"])
+    if not found_all and memory.retriever.count() > 0:
+        # search_agentic logs an error and returns nothing when its search fails.
+        raise RuntimeError(f"A-Mem's search failed for {question!r} (its log above says why)")
+    last_score = 0.0
+    for found in found_all:
         note = memory.read(found["id"])
         if note is None:
             continue
@@ -282,13 +321,16 @@ def amem_search(memory, job, question):
             f"{note.content}\tmemory context: {note.context}\t"
             f"memory keywords: {note.keywords}\tmemory tags: {note.tags}"
         )
-        score = found.get("score")
+        # Chroma returns a distance (the harness ranks by score, larger is better); a linked
+        # note comes without one and ranks after the hit that brought it.
+        distance = found.get("score")
+        score = -float(distance) if distance is not None else last_score
+        last_score = score
         hits.append(
             {
                 "id": found["id"],
                 "memory": text,
-                # chroma returns a distance; the harness ranks by score, larger is better
-                "score": -float(score) if score is not None else 0.0,
+                "score": score,
                 "session": session_id or None,
                 "session_date": session.get("date"),
                 "turns": [int(turn)] if turn.isdigit() else [],
@@ -324,10 +366,11 @@ def main():
     units_of, open_peer, add, search, count = PEERS[job["peer"]]
     os.makedirs(job["store_dir"], exist_ok=True)
     progress_file = os.path.join(job["store_dir"], "progress.json")
-    done = set()
+    done, failed = set(), set()
     if os.path.exists(progress_file):
         with open(progress_file, encoding="utf-8") as f:
-            done = set(json.load(f)["added"])
+            saved = json.load(f)
+        done, failed = set(saved["added"]), set(saved.get("failed", []))
     memory = open_peer(job)
     first_speaker = next(
         (t.get("speaker") for s in job["sessions"] for t in s["turns"] if t.get("speaker")),
@@ -345,12 +388,13 @@ def main():
     for n, (key, session, group) in enumerate(units, 1):
         if key in done:
             continue
-        add(memory, job, key, session, group, first_speaker)
+        if add(memory, job, key, session, group, first_speaker):
+            failed.add(key)
         done.add(key)
         added_now += 1
         tmp = progress_file + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"added": sorted(done)}, f)
+            json.dump({"added": sorted(done), "failed": sorted(failed)}, f)
         os.replace(tmp, progress_file)
         print(
             f"{job['peer']} {job['user_id']}: unit {n}/{len(units)} added "
@@ -370,6 +414,7 @@ def main():
         json.dumps(
             {
                 "units": len(units),
+                "failed_units": len(failed),
                 "added_now": added_now,
                 "build_seconds": build_seconds,
                 "memories": count(memory, job),

@@ -173,6 +173,10 @@ struct HitsLine {
 /// The driver's closing summary line.
 #[derive(Debug, Clone, Deserialize)]
 struct DriverSummary {
+    /// Units whose LLM work the peer gave up on and stored with defaults (A-Mem swallows a
+    /// failed analysis or evolution call and keeps the note without it).
+    #[serde(default)]
+    failed_units: u64,
     /// Units fed: exchanges (mem0) or turns (A-Mem).
     #[serde(alias = "exchanges")]
     units: u64,
@@ -290,7 +294,16 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         &hex::encode(Sha256::digest(DRIVER.as_bytes()))[..12]
     ));
     if !driver.exists() {
-        std::fs::write(&driver, DRIVER).with_context(|| format!("writing {}", driver.display()))?;
+        // Builds run side by side: each writes its own copy and renames it into place, so no
+        // driver is ever started from a half-written file.
+        let tmp = peers.join(format!(
+            "driver.{}.{:?}.tmp",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(&tmp, DRIVER).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &driver)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), driver.display()))?;
     }
     // Every call the peer makes is kept beside its state, to audit what it asked and got.
     let endpoint = OpenAiEndpoint::start(
@@ -403,7 +416,7 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         turns: job.item.sessions.iter().map(|s| s.turns.len() as u64).sum(),
         exchanges: summary.units,
         segments: 0,
-        failed_segments: 0,
+        failed_segments: summary.failed_units,
         records: summary.memories,
         encode_calls: total.usage.chat_calls,
         prompt_tokens: total.usage.prompt_tokens,

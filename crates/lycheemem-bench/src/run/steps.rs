@@ -430,6 +430,9 @@ pub(super) fn open_wave(
             }
         }
     }
+    if peer_tasks.is_empty() {
+        return Ok(opened);
+    }
     let python = match &ctx.spec.peer_python {
         Some(p) => p.clone(),
         None => crate::peer::default_python()
@@ -472,10 +475,10 @@ pub(super) fn open_wave(
         Ok((*i, *vi, run))
     };
     let mut runs = Vec::new();
-    for_each_parallel(ctx.spec.jobs, &peer_tasks, build, progress, |run, _| {
+    let outcome = for_each_parallel(ctx.spec.jobs, &peer_tasks, build, progress, |run, _| {
         runs.push(run);
         Ok(())
-    })?;
+    });
     // Reports in item and variant order, whatever order the builds finished in.
     runs.sort_by_key(|(i, vi, _)| (*i, *vi));
     for (i, vi, run) in runs {
@@ -485,6 +488,8 @@ pub(super) fn open_wave(
         }
         opened.peers.insert((i, vi), run);
     }
+    // The builds that finished are reported even when another one failed.
+    outcome?;
     Ok(opened)
 }
 
