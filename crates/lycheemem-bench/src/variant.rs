@@ -71,7 +71,9 @@ impl Variant {
             },
         };
         match name {
-            "full" | "naive_rag" | "full_context" | "mem0" | "amem" => {}
+            // Baselines and peer systems take the base configuration as it is.
+            _ if kind != VariantKind::Memory => {}
+            "full" => {}
             "eager" => config.segment.policy = SegmentPolicy::PerExchange,
             "fixed_window" => config.segment.policy = SegmentPolicy::FixedWindow,
             // Semantic segmentation with the embedder's fitted calibration (issue #36; the
@@ -232,6 +234,12 @@ mod tests {
             VariantKind::NaiveRag
         );
         assert!(Variant::new("bogus", &base).is_err());
+        // Every peer system is a known variant of its own kind.
+        for peer in crate::peer::PeerKind::ALL {
+            assert!(VARIANTS.contains(&peer.name()), "{}", peer.name());
+            let v = Variant::new(peer.name(), &base).unwrap();
+            assert_eq!(v.kind, VariantKind::Peer(peer));
+        }
         for name in VARIANTS {
             Variant::new(name, &base).unwrap();
         }

@@ -346,24 +346,20 @@ impl Retriever<'_> {
                 distinct.push(t);
             }
         }
-        let embedded: HashMap<&str, Vec<f32>> = distinct
-            .iter()
-            .copied()
-            .zip(self.embedder.embed(&distinct)?)
-            .collect();
+        let vectors = self.embedder.embed(&distinct)?;
+        if vectors.len() != distinct.len() {
+            return Err(Error::Model(format!(
+                "the embedder returned {} vectors for {} texts",
+                vectors.len(),
+                distinct.len()
+            )));
+        }
+        let embedded: HashMap<&str, Vec<f32>> = distinct.into_iter().zip(vectors).collect();
         timings.insert("embed", clock.elapsed().as_secs_f64() * 1e3);
         for (r, texts) in plan.routes.iter().zip(&route_texts) {
-            let vectors: Vec<Vec<f32>> = texts
-                .iter()
-                .filter_map(|t| embedded.get(t.as_str()).cloned())
-                .collect();
-            if vectors.len() != texts.len() {
-                return Err(Error::Model(format!(
-                    "the embedder returned {} vectors for {} texts",
-                    embedded.len(),
-                    distinct.len()
-                )));
-            }
+            // `distinct` holds every text of every route.
+            let vectors: Vec<Vec<f32>> =
+                texts.iter().map(|t| embedded[t.as_str()].clone()).collect();
             let (list, t) = route::run_route_timed(&ctx, r, texts, &vectors)?;
             recall_ms += t.recall_ms;
             score_ms += t.score_ms;

@@ -312,7 +312,7 @@ def amem_search(memory, job, question):
     for found in found_all:
         note = memory.read(found["id"])
         if note is None:
-            continue
+            raise RuntimeError(f"A-Mem's search returned {found['id']}, which it cannot read")
         session_id, _, turn = found["id"].rpartition("#")
         session = sessions.get(session_id, {})
         # What A-Mem's own evaluation hands its answerer for a note, less the time (the

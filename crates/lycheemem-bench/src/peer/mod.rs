@@ -53,12 +53,10 @@ pub enum PeerKind {
 }
 
 impl PeerKind {
+    pub const ALL: [PeerKind; 2] = [PeerKind::Mem0, PeerKind::Amem];
+
     pub fn from_name(name: &str) -> Option<PeerKind> {
-        match name {
-            "mem0" => Some(PeerKind::Mem0),
-            "amem" => Some(PeerKind::Amem),
-            _ => None,
-        }
+        PeerKind::ALL.into_iter().find(|k| k.name() == name)
     }
 
     pub fn name(self) -> &'static str {
@@ -482,7 +480,7 @@ print(json.dumps({
             serde_json::json!(["202305080000", "202305081356", null, null])
         );
         // Every peer the harness names is one the driver can run.
-        for kind in [PeerKind::Mem0, PeerKind::Amem] {
+        for kind in PeerKind::ALL {
             assert!(
                 v["peers"].as_array().unwrap().contains(&kind.name().into()),
                 "{}",

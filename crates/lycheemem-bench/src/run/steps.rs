@@ -418,15 +418,15 @@ pub(super) fn open_wave(
     }
     // Peers: every (item, peer variant) of the wave with work left, `jobs` at a time (each with
     // its own endpoint and driver process; a local LLM decodes their calls together).
-    let mut peer_tasks: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+    let mut peer_tasks: Vec<(usize, usize, crate::peer::PeerKind, Vec<usize>)> = Vec::new();
     for &(i, qs) in wave {
         for (vi, v) in ctx.variants.iter().enumerate() {
-            if !matches!(v.kind, VariantKind::Peer(_)) {
+            let VariantKind::Peer(peer) = v.kind else {
                 continue;
-            }
+            };
             let pending = ctx.pending(v, i, qs, &ck.done);
             if !pending.is_empty() || ctx.needs_report(v, i, ck) {
-                peer_tasks.push((i, vi, pending));
+                peer_tasks.push((i, vi, peer, pending));
             }
         }
     }
@@ -438,15 +438,12 @@ pub(super) fn open_wave(
         None => crate::peer::default_python()
             .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass the peer python"))?,
     };
-    let build = |(i, vi, pending): &(usize, usize, Vec<usize>),
+    let build = |(i, vi, peer, pending): &(usize, usize, crate::peer::PeerKind, Vec<usize>),
                  say: &mut dyn FnMut(String)|
      -> Result<(usize, usize, crate::peer::PeerRun)> {
         let (item, v) = (&ctx.dataset.items[*i], &ctx.variants[*vi]);
-        let VariantKind::Peer(peer) = v.kind else {
-            anyhow::bail!("{} is not a peer variant", v.name)
-        };
         let job = crate::peer::PeerJob {
-            kind: peer,
+            kind: *peer,
             dataset_kind: ctx.dataset.kind,
             item,
             questions: pending.iter().map(|&j| &item.questions[j]).collect(),
