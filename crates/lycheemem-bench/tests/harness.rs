@@ -1156,6 +1156,47 @@ fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
 }
 
 #[test]
+fn a_peer_build_stopped_in_a_unit_and_resumed_costs_what_an_unstopped_build_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, llm, b, spec) = peer_run(dir.path(), &["mem0"], 1);
+    // The stand-in peer stops in its second unit, after that unit's call.
+    std::fs::create_dir_all(spec.cache.join("peers")).unwrap();
+    std::fs::write(spec.cache.join("peers/stop-mem0"), "").unwrap();
+    let err = run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap_err();
+    assert!(format!("{err:#}").contains("stopped in a unit"), "{err:#}");
+    assert_eq!(llm.calls(), 2);
+    // Resumed, it adds the other two units (the cut-short unit's call is replayed).
+    run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap();
+    let resumed = run::constructions(&spec.out).unwrap()[0].report.clone();
+    // The same build made in one go, in a fresh cache and results folder.
+    let fresh = RunSpec {
+        out: dir.path().join("results-fresh"),
+        cache: dir.path().join("cache-fresh"),
+        ..spec.clone()
+    };
+    run::run(&data, &fresh, &Config::default(), &b, &mut |_| {}).unwrap();
+    let whole = run::constructions(&fresh.out).unwrap()[0].report.clone();
+    assert_eq!(whole.encode_calls, 3);
+    assert_eq!(
+        (
+            resumed.encode_calls,
+            resumed.prompt_tokens,
+            resumed.completion_tokens,
+            resumed.seconds,
+            resumed.records
+        ),
+        (
+            whole.encode_calls,
+            whole.prompt_tokens,
+            whole.completion_tokens,
+            whole.seconds,
+            whole.records
+        ),
+        "the units finished before the stop are counted, the cut-short one once"
+    );
+}
+
+#[test]
 fn a_peer_variant_without_its_venv_says_how_to_make_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset::load(&locomo_file(dir.path())).unwrap();

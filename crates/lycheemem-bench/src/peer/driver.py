@@ -14,7 +14,9 @@ driver adds the conversation unit by unit, as each peer's documentation prescrib
 - A-Mem: turn by turn, `add_note(content, time=...)`, one note per turn with the session's
   date, as the authors' LoCoMo evaluation does;
 
-recording each finished unit in `progress.json`, so a killed build resumes where it stopped.
+posting each finished unit to the harness's `/lycheemem/checkpoint`, which writes it to
+`progress.json` with the build's cost so far, so a killed build resumes where it stopped and
+counts only the calls of its finished units.
 Then it searches every question (top k) and writes one JSON line per question to `hits_out`.
 Each memory carries the session, date and turn indices it was made from, so the harness
 measures evidence recall exactly as for its own variants.
@@ -349,13 +351,25 @@ PEERS = {
 }
 
 
-def set_phase(job, phase):
-    """Tells the harness's endpoint which phase the following calls belong to."""
-    url = job["base_url"].rsplit("/v1", 1)[0] + "/lycheemem/phase"
-    body = json.dumps({"phase": phase}).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+def post_harness(job, path, body):
+    """Posts `body` to the harness's own route `path` on the endpoint."""
+    url = job["base_url"].rsplit("/v1", 1)[0] + path
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as reply:
         reply.read()
+
+
+def set_phase(job, phase):
+    """Tells the harness's endpoint which phase the following calls belong to."""
+    post_harness(job, "/lycheemem/phase", {"phase": phase})
+
+
+def checkpoint(job, done, failed, seconds):
+    """Has the endpoint write the progress file: the units now in the store, and with them the
+    build's cost so far (its calls up to now, this run's `seconds`), so a kill loses neither."""
+    progress = {"added": sorted(done), "failed": sorted(failed)}
+    post_harness(job, "/lycheemem/checkpoint", {"progress": progress, "seconds": seconds})
 
 
 def main():
@@ -384,25 +398,19 @@ def main():
             f"(e.g. {sorted(beyond)[0]}); a slice needs its own cache folder"
         )
     started = time.time()
-    added_now = 0
     for n, (key, session, group) in enumerate(units, 1):
         if key in done:
             continue
         if add(memory, job, key, session, group, first_speaker):
             failed.add(key)
         done.add(key)
-        added_now += 1
-        tmp = progress_file + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"added": sorted(done), "failed": sorted(failed)}, f)
-        os.replace(tmp, progress_file)
+        checkpoint(job, done, failed, time.time() - started)
         print(
             f"{job['peer']} {job['user_id']}: unit {n}/{len(units)} added "
             f"({time.time() - started:.0f}s)",
             file=sys.stderr,
             flush=True,
         )
-    build_seconds = time.time() - started
     set_phase(job, "search")
     with open(job["hits_out"], "w", encoding="utf-8") as out:
         for q in job["questions"]:
@@ -415,8 +423,6 @@ def main():
             {
                 "units": len(units),
                 "failed_units": len(failed),
-                "added_now": added_now,
-                "build_seconds": build_seconds,
                 "memories": count(memory, job),
             }
         ),

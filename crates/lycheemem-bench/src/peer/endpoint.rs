@@ -5,6 +5,14 @@
 //! every call they make (per phase: the driver posts `/lycheemem/phase` between building and
 //! searching).
 //!
+//! Started for a build ([`OpenAiEndpoint::start_for_build`]), it also keeps the build's
+//! checkpoint file: after each unit of the build is in the peer's store, the driver posts
+//! `/lycheemem/checkpoint` with its progress, and the endpoint writes that progress together with
+//! the build's cumulative cost (earlier runs' cost from the file, plus this run's build-phase
+//! calls). So the cost of a build stopped and resumed is the cost of its finished units: calls
+//! made for a unit that a kill cut short are not counted, and those it makes again on resuming
+//! (replayed, the same tokens) are counted once.
+//!
 //! Deliberately small: HTTP/1.1 with `Content-Length` bodies, one thread per connection, one
 //! request per connection (`Connection: close`), bodies up to [`MAX_BODY`]. It binds
 //! 127.0.0.1 only. A malformed request gets a 4xx with an OpenAI-style error object; a model
@@ -18,7 +26,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -73,6 +81,55 @@ impl PhaseUsage {
     }
 }
 
+/// What a build has cost so far: its build-phase LLM use and the build's wall seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BuildCost {
+    pub usage: PhaseUsage,
+    pub seconds: f64,
+}
+
+/// A build's checkpoint file and the cost it held when this endpoint started.
+struct Checkpoint {
+    path: PathBuf,
+    /// Earlier runs' cost.
+    base: BuildCost,
+    /// The cost at the latest checkpoint (`base` until one is posted).
+    committed: BuildCost,
+}
+
+/// Reads the cost kept in a checkpoint file; nothing when there is no file yet.
+fn read_checkpoint(path: &Path) -> Result<BuildCost> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BuildCost::default()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let value: Value =
+        serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    if value.get("usage").is_none() {
+        anyhow::bail!(
+            "{} keeps this build's progress but not its cost (an older harness wrote it); \
+             delete its folder to build it again (its LLM calls replay from the results folder)",
+            path.display()
+        );
+    }
+    serde_json::from_value(value).with_context(|| format!("reading the cost in {}", path.display()))
+}
+
+/// Writes `value` to `path` through a synced temporary file, so a kill leaves the old file or
+/// the new one.
+fn write_replacing(path: &Path, value: &Value) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(value.to_string().as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
 struct Shared {
     llm: Arc<dyn Llm>,
     embedder: Arc<dyn Embedder>,
@@ -82,6 +139,7 @@ struct Shared {
     usage: Mutex<BTreeMap<String, PhaseUsage>>,
     /// Every chat call (messages, options, reply) is appended here when set.
     log: Option<PathBuf>,
+    checkpoint: Option<Mutex<Checkpoint>>,
 }
 
 /// One logged chat call.
@@ -110,6 +168,36 @@ impl OpenAiEndpoint {
         embedder: Arc<dyn Embedder>,
         log: Option<PathBuf>,
     ) -> Result<OpenAiEndpoint> {
+        Self::serve(llm, embedder, log, None)
+    }
+
+    /// [`OpenAiEndpoint::start`] for a peer's build, whose checkpoint file is `checkpoint`
+    /// (the cost of earlier runs is read from it; see the module documentation).
+    pub fn start_for_build(
+        llm: Arc<dyn Llm>,
+        embedder: Arc<dyn Embedder>,
+        log: Option<PathBuf>,
+        checkpoint: &Path,
+    ) -> Result<OpenAiEndpoint> {
+        let base = read_checkpoint(checkpoint)?;
+        Self::serve(
+            llm,
+            embedder,
+            log,
+            Some(Checkpoint {
+                path: checkpoint.to_path_buf(),
+                committed: base.clone(),
+                base,
+            }),
+        )
+    }
+
+    fn serve(
+        llm: Arc<dyn Llm>,
+        embedder: Arc<dyn Embedder>,
+        log: Option<PathBuf>,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<OpenAiEndpoint> {
         let listener =
             TcpListener::bind("127.0.0.1:0").context("binding the peer endpoint on loopback")?;
         let addr = listener.local_addr()?;
@@ -121,6 +209,7 @@ impl OpenAiEndpoint {
             phase: Mutex::new("build".into()),
             usage: Mutex::new(BTreeMap::new()),
             log,
+            checkpoint: checkpoint.map(Mutex::new),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -161,6 +250,13 @@ impl OpenAiEndpoint {
     /// Usage so far, by phase.
     pub fn usage(&self) -> BTreeMap<String, PhaseUsage> {
         lock(&self.shared.usage).clone()
+    }
+
+    /// The build's cost at its latest checkpoint (earlier runs' included); `None` for an
+    /// endpoint not started for a build.
+    pub fn build_cost(&self) -> Option<BuildCost> {
+        let checkpoint = self.shared.checkpoint.as_ref()?;
+        Some(lock(checkpoint).committed.clone())
     }
 }
 
@@ -316,11 +412,62 @@ fn route(shared: &Shared, req: &Request) -> Result<Value, Failure> {
             *lock(&shared.phase) = phase.to_string();
             Ok(json!({"phase": phase}))
         }
-        (_, "/v1/chat/completions" | "/v1/embeddings" | "/v1/models" | "/lycheemem/phase") => Err(
-            Failure(405, format!("{} is not allowed on {path}", req.method)),
-        ),
+        ("POST", "/lycheemem/checkpoint") => checkpoint(shared, &json_body(req)?),
+        (
+            _,
+            "/v1/chat/completions"
+            | "/v1/embeddings"
+            | "/v1/models"
+            | "/lycheemem/phase"
+            | "/lycheemem/checkpoint",
+        ) => Err(Failure(
+            405,
+            format!("{} is not allowed on {path}", req.method),
+        )),
         _ => Err(Failure(404, format!("no route {path}"))),
     }
+}
+
+/// `{"progress": {...}, "seconds": S}`: the client's progress (any object without the keys
+/// `usage` and `seconds`) and the seconds this run's build has taken. Writes the progress, the
+/// cost of earlier runs plus this run's build-phase calls, and the seconds of both to the
+/// checkpoint file, and answers with that cost.
+fn checkpoint(shared: &Shared, body: &Value) -> Result<Value, Failure> {
+    let Some(checkpoint) = &shared.checkpoint else {
+        return Err(Failure(
+            404,
+            "this endpoint keeps no build checkpoint".into(),
+        ));
+    };
+    let expected = "expected {\"progress\": {...}, \"seconds\": <this run's build seconds>}";
+    let mut file = body
+        .get("progress")
+        .and_then(Value::as_object)
+        .cloned()
+        .ok_or_else(|| bad(expected))?;
+    if file.contains_key("usage") || file.contains_key("seconds") {
+        return Err(bad("the progress may not name \"usage\" or \"seconds\""));
+    }
+    let seconds = body
+        .get("seconds")
+        .and_then(Value::as_f64)
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .ok_or_else(|| bad(expected))?;
+    let build = lock(&shared.usage)
+        .get("build")
+        .cloned()
+        .unwrap_or_default();
+    let mut checkpoint = lock(checkpoint);
+    let mut cost = checkpoint.base.clone();
+    cost.usage.add(&build);
+    cost.seconds += seconds;
+    let cost_json = json!({"usage": cost.usage, "seconds": cost.seconds});
+    file.insert("usage".into(), cost_json["usage"].clone());
+    file.insert("seconds".into(), cost_json["seconds"].clone());
+    write_replacing(&checkpoint.path, &Value::Object(file))
+        .map_err(|e| Failure(500, format!("writing {}: {e}", checkpoint.path.display())))?;
+    checkpoint.committed = cost;
+    Ok(cost_json)
 }
 
 fn json_body(req: &Request) -> Result<Value, Failure> {
@@ -629,6 +776,83 @@ mod tests {
     }
 
     #[test]
+    fn a_build_checkpoint_keeps_the_progress_and_the_cost_of_finished_work_across_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("progress.json");
+        let llm = Arc::new(ScriptedLlm::new(&["one", "two", "three"]));
+        let start = || {
+            OpenAiEndpoint::start_for_build(
+                llm.clone(),
+                Arc::new(HashEmbedder::new(16)),
+                None,
+                &file,
+            )
+        };
+        let chat = r#"{"messages":[{"role":"user","content":"hello there"}]}"#;
+        let e = start().unwrap();
+        let url = e.base_url();
+        assert_eq!(e.build_cost(), Some(BuildCost::default()), "no file yet");
+        assert_eq!(call(&url, "POST", "/v1/chat/completions", chat).0, 200);
+        for (body, says) in [
+            (r#"{"seconds":1}"#, "expected"),
+            (r#"{"progress":[],"seconds":1}"#, "expected"),
+            (r#"{"progress":{"a":1},"seconds":-1}"#, "expected"),
+            (r#"{"progress":{"a":1}}"#, "expected"),
+            (r#"{"progress":{"usage":1},"seconds":1}"#, "may not name"),
+        ] {
+            let (status, reply) = call(&url, "POST", "/lycheemem/checkpoint", body);
+            assert_eq!(status, 400, "{body}: {reply}");
+            assert!(reply["error"]["message"].as_str().unwrap().contains(says));
+        }
+        assert!(!file.exists(), "a refused checkpoint writes nothing");
+        let (status, cost) = call(
+            &url,
+            "POST",
+            "/lycheemem/checkpoint",
+            r#"{"progress":{"added":["u1"]},"seconds":2.5}"#,
+        );
+        assert_eq!(status, 200, "{cost}");
+        let one_call = e.usage()["build"].clone();
+        assert_eq!(one_call.chat_calls, 1);
+        // A call after the checkpoint (a unit cut short) is not part of the build's cost.
+        assert_eq!(call(&url, "POST", "/v1/chat/completions", chat).0, 200);
+        let committed = e.build_cost().unwrap();
+        assert_eq!(
+            (committed.usage.clone(), committed.seconds),
+            (one_call.clone(), 2.5)
+        );
+        drop(e);
+        let kept: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(kept["added"], json!(["u1"]));
+        assert_eq!(kept["seconds"], json!(2.5));
+        // The next run starts from that cost and adds its own calls and seconds to it.
+        let e = start().unwrap();
+        let url = e.base_url();
+        assert_eq!(e.build_cost().unwrap(), committed);
+        assert_eq!(call(&url, "POST", "/v1/chat/completions", chat).0, 200);
+        let (status, cost) = call(
+            &url,
+            "POST",
+            "/lycheemem/checkpoint",
+            r#"{"progress":{"added":["u1","u2"]},"seconds":1}"#,
+        );
+        assert_eq!(status, 200, "{cost}");
+        let both = e.build_cost().unwrap();
+        assert_eq!((both.usage.chat_calls, both.seconds), (2, 3.5));
+        assert_eq!(
+            both.usage.prompt_tokens,
+            2 * one_call.prompt_tokens,
+            "the same prompt twice"
+        );
+        assert_eq!(cost["usage"]["chat_calls"], 2);
+        drop(e);
+        // A progress file that keeps no cost (an older harness's) is refused, not read as free.
+        std::fs::write(&file, r#"{"added":["u1"],"failed":[]}"#).unwrap();
+        let err = start().err().unwrap();
+        assert!(format!("{err:#}").contains("not its cost"), "{err:#}");
+    }
+
+    #[test]
     fn chat_and_embeddings_are_served_and_metered_by_phase() {
         let (e, llm) = endpoint(&["{\"memory\": []}", "again"]);
         let url = e.base_url();
@@ -767,6 +991,13 @@ mod tests {
             ),
             ("GET", "/v1/embeddings", "", 405, "not allowed"),
             ("POST", "/nowhere", "{}", 404, "no route"),
+            (
+                "POST",
+                "/lycheemem/checkpoint",
+                r#"{"progress":{},"seconds":1}"#,
+                404,
+                "no build checkpoint",
+            ),
         ];
         for (method, path, body, want, says) in cases {
             let (status, reply) = call(&url, method, path, body);

@@ -7,13 +7,14 @@
 //! OpenAI-compatible [`OpenAiEndpoint`]: the same weights and decoder as lycheemem's encoder,
 //! and every token the peer spends is metered there (construction = the `build` phase; query
 //! = the `search` phase, spread over the questions). A peer's build of an item persists under
-//! `<cache>/peers/` and resumes exchange by exchange; its cumulative usage and wall time are
-//! kept beside it (`usage.json`), so a resumed or cached build reports what the whole build
-//! cost.
+//! `<cache>/peers/` and resumes unit by unit; after each unit the endpoint writes the driver's
+//! progress and the build's cumulative cost to `progress.json` beside it, so a resumed or cached
+//! build reports what its finished units cost ([`endpoint::BuildCost`]), however often it was
+//! stopped.
 
 pub mod endpoint;
 
-pub use endpoint::{OpenAiEndpoint, PhaseUsage};
+pub use endpoint::{BuildCost, OpenAiEndpoint, PhaseUsage};
 
 use crate::construct::{ConstructionReport, namespace};
 use crate::dataset::{DatasetKind, Item, Question};
@@ -178,16 +179,7 @@ struct DriverSummary {
     /// Units fed: exchanges (mem0) or turns (A-Mem).
     #[serde(alias = "exchanges")]
     units: u64,
-    added_now: u64,
-    build_seconds: f64,
     memories: u64,
-}
-
-/// A build's cumulative cost, kept beside the peer's state.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct BuildUsage {
-    usage: PhaseUsage,
-    seconds: f64,
 }
 
 /// What a peer run gives the harness for one item.
@@ -304,10 +296,11 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
             .with_context(|| format!("renaming {} to {}", tmp.display(), driver.display()))?;
     }
     // Every call the peer makes is kept beside its state, to audit what it asked and got.
-    let endpoint = OpenAiEndpoint::start(
+    let endpoint = OpenAiEndpoint::start_for_build(
         job.llm.clone(),
         job.embedder.clone(),
         Some(store.join("llm-calls.jsonl")),
+        &store.join("progress.json"),
     )?;
     let hits_out = store.join("hits.jsonl");
     let job_file = store.join("job.json");
@@ -377,23 +370,8 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
             )
         })?;
     let usage = endpoint.usage();
+    let total = endpoint.build_cost().unwrap_or_default();
     drop(endpoint);
-    // The build's cumulative cost (this run's share added).
-    let usage_file = store.join("usage.json");
-    let mut total: BuildUsage = match std::fs::read_to_string(&usage_file) {
-        Ok(text) => serde_json::from_str(&text)
-            .with_context(|| format!("reading {}", usage_file.display()))?,
-        Err(_) => BuildUsage::default(),
-    };
-    if let Some(build) = usage.get("build") {
-        total.usage.add(build);
-    }
-    if summary.added_now > 0 {
-        total.seconds += summary.build_seconds;
-    }
-    let tmp = store.join("usage.json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&total)?)?;
-    std::fs::rename(&tmp, &usage_file)?;
     let mut hits = HashMap::new();
     for line in crate::jsonl::read_lines::<HitsLine>(&hits_out)? {
         hits.insert(line.question_id, (line.hits, line.ms));
