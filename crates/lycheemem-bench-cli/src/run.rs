@@ -60,6 +60,13 @@ pub struct BenchRunArgs {
     /// same as one at a time; wall times are not comparable across different values.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Sessions of an item encoded ahead of its build at the same time, so a local LLM decodes
+    /// one conversation's encoder calls several at a time (set `--llm-batch` to cover them);
+    /// the memory built is the same as without (each session's calls depend on that session
+    /// alone and are replayed from the encoder log when the build reaches it). `lycheemem`
+    /// variants only.
+    #[arg(long, default_value_t = 0)]
+    session_lookahead: usize,
     /// Restricts a variant to some items: `VARIANT=ITEM[+ITEM…]`, e.g. `eager=conv-26` (the
     /// other variants still run on every selected item). Repeatable.
     #[arg(long)]
@@ -156,6 +163,7 @@ pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
         full_context_reserve: 1024,
         max_sessions: args.sessions,
         jobs: args.jobs,
+        session_lookahead: args.session_lookahead,
         variant_items: parse_variant_items(&args.variant_items)?,
         plans_only: args.plans_only,
         peer_python: args.peer_python.clone(),

@@ -5,14 +5,19 @@
 //! a `<same name>.json` marker next to it holding its [`ConstructionReport`]. An unfinished one
 //! (a killed run) is resumed: each session continues after the turns already stored, and the
 //! memory's own persisted segmenter state carries on where it stopped.
+//!
+//! Sessions are built in order. With [`BuildOptions::session_lookahead`], later sessions are
+//! encoded ahead at the same time into a scratch memory beside the real one, so a local LLM
+//! decodes several sessions' encoder calls in one batch while the built memory stays exactly the
+//! one a sequential build makes (see [`BuildOptions::session_lookahead`]).
 
 use crate::dataset::{DatasetKind, Item};
 use anyhow::{Context, Result};
 use lycheemem::{Components, Memory};
-use lycheemem_core::{Config, Namespace, Purpose, SessionId};
+use lycheemem_core::{Config, MemoryStrategy, Namespace, Purpose, SessionId};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// What building one memory cost (docs/algorithm.md, "Cost and token accounting").
@@ -123,9 +128,27 @@ struct Partial {
     seconds: f64,
 }
 
+/// How a build runs beside the rest of a benchmark run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BuildOptions<'a> {
+    /// Raised to stop the build before its next session.
+    pub stop: Option<&'a AtomicBool>,
+    /// Sessions after the one being built that are encoded ahead at the same time (0 = none;
+    /// the `lycheemem` strategy only). Each runs through the build's own components into a
+    /// scratch memory beside the real one (`<memory>.lookahead`, removed when the build ends).
+    /// A session's encoder prompts depend on that session alone (its turns, date and reference
+    /// context ρ, docs/algorithm.md), and the run's encode LLM replays logged calls and joins
+    /// identical calls in flight ([`crate::replay::ReplayLlm`]); so when the build reaches a
+    /// session encoded ahead, it replays that session's answers, and the memory is the one a
+    /// sequential build makes, while a local LLM decodes up to `1 + session_lookahead` of the
+    /// item's calls in one batch. Construction tokens are unchanged (a replayed call counts
+    /// its tokens); the build's wall time is what shrinks.
+    pub session_lookahead: usize,
+}
+
 /// Opens the item's memory, building what is missing first. `progress` receives one line per
-/// session built. When `stop` is set, the build stops (with an error) before its next session;
-/// what it built so far stays and a later call continues from there.
+/// session built. When `opts.stop` is raised, the build stops (with an error) before its next
+/// session; what it built so far stays and a later call continues from there.
 #[allow(clippy::too_many_arguments)]
 pub fn build_or_open(
     cache: &MemoryHome,
@@ -134,12 +157,14 @@ pub fn build_or_open(
     config: &Config,
     hash: &str,
     components: Components,
-    stop: Option<&AtomicBool>,
+    opts: BuildOptions<'_>,
     progress: &mut dyn FnMut(String),
 ) -> Result<(Memory, ConstructionReport, bool)> {
+    let stop = opts.stop;
     let markers = cache.markers();
     std::fs::create_dir_all(&markers).with_context(|| format!("creating {}", markers.display()))?;
     let (dir, marker) = paths(&markers, kind, &item.id, hash)?;
+    let scratch_config = config.clone();
     let mut config = config.clone();
     let location = match &cache.postgres {
         None => dir.clone(),
@@ -155,7 +180,7 @@ pub fn build_or_open(
             PathBuf::from(url)
         }
     };
-    let memory = Memory::with_components(&location, config.clone(), components)
+    let memory = Memory::with_components(&location, config.clone(), components.clone())
         .with_context(|| format!("opening {}", dir.display()))?;
     let partial_path = marker.with_extension("partial.json");
     let mut previous: Partial = std::fs::read(&partial_path)
@@ -184,8 +209,177 @@ pub fn build_or_open(
         Default::default()
     };
     let started = Instant::now();
+    let unbuilt = item
+        .sessions
+        .iter()
+        .filter(|s| stored.get(&s.id).copied().unwrap_or(0) as usize != s.turns.len())
+        .count();
+    let lookahead = if config.strategy == MemoryStrategy::Lycheemem && unbuilt > 1 {
+        opts.session_lookahead.min(unbuilt - 1)
+    } else {
+        0
+    };
+    let ahead = Ahead {
+        reached: AtomicUsize::new(0),
+        next: AtomicUsize::new(1),
+        over: AtomicBool::new(false),
+        encoded: AtomicUsize::new(0),
+    };
+    let scratch_dir = dir.with_extension("lookahead");
+    let scratch = if lookahead > 0 {
+        remove_scratch(&scratch_dir)?;
+        Some(
+            Memory::with_components(&scratch_dir, scratch_config, components)
+                .with_context(|| format!("opening {}", scratch_dir.display()))?,
+        )
+    } else {
+        None
+    };
+    let built = std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = scratch
+            .iter()
+            .flat_map(|scratch| std::iter::repeat_n(scratch, lookahead))
+            .map(|scratch| {
+                let (ahead, ns, stored) = (&ahead, &ns, &stored);
+                scope.spawn(move || encode_ahead(scratch, ns, item, stored, ahead, stop))
+            })
+            .collect();
+        let build = SessionsBuild {
+            memory: &memory,
+            ns: &ns,
+            item,
+            hash,
+            stored: &stored,
+            partial_path: &partial_path,
+            previous_seconds: previous.seconds,
+            started,
+        };
+        let result = build_sessions(&build, &ahead, stop, progress);
+        ahead.over.store(true, Ordering::SeqCst);
+        let mut worker_error = None;
+        for w in workers {
+            let outcome = w
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a session encoded ahead panicked")));
+            if let Err(e) = outcome {
+                worker_error.get_or_insert(e);
+            }
+        }
+        result?;
+        match worker_error {
+            Some(e) => Err(e.context("encoding sessions ahead of the build")),
+            None => Ok(()),
+        }
+    });
+    drop(scratch);
+    if lookahead > 0 {
+        remove_scratch(&scratch_dir)?;
+        progress(format!(
+            "construct {} {hash}: {} sessions encoded ahead ({lookahead} at a time)",
+            item.id,
+            ahead.encoded.load(Ordering::SeqCst)
+        ));
+    }
+    built?;
+    let mut report = summarize(
+        &memory,
+        &ns,
+        item,
+        hash,
+        previous.seconds + started.elapsed().as_secs_f64(),
+    )?;
+    report.sessions = item.sessions.len();
+    std::fs::write(&marker, serde_json::to_vec_pretty(&report)?)?;
+    let _ = std::fs::remove_file(&partial_path);
+    Ok((memory, report, false))
+}
+
+/// Where the build and the sessions encoded ahead of it stand.
+struct Ahead {
+    /// The session the build is on.
+    reached: AtomicUsize,
+    /// The next session to encode ahead.
+    next: AtomicUsize,
+    /// Raised when the build ends (finished, failed or stopped): no session is started ahead.
+    over: AtomicBool,
+    /// Sessions encoded ahead.
+    encoded: AtomicUsize,
+}
+
+fn remove_scratch(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", dir.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// One thread encoding sessions ahead of the build (see [`BuildOptions::session_lookahead`]):
+/// takes the next session the build has not reached, until none is left or the build is over.
+fn encode_ahead(
+    scratch: &Memory,
+    ns: &Namespace,
+    item: &Item,
+    stored: &std::collections::HashMap<String, u32>,
+    ahead: &Ahead,
+    stop: Option<&AtomicBool>,
+) -> Result<()> {
+    loop {
+        if ahead.over.load(Ordering::SeqCst) || stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            return Ok(());
+        }
+        let n = ahead.next.fetch_add(1, Ordering::SeqCst);
+        let Some(s) = item.sessions.get(n) else {
+            return Ok(());
+        };
+        let built = stored.get(&s.id).copied().unwrap_or(0) as usize == s.turns.len();
+        if s.turns.is_empty() || built || n <= ahead.reached.load(Ordering::SeqCst) {
+            continue;
+        }
+        let sid = SessionId::new(s.id.clone())?;
+        scratch
+            .add_turns(ns, &sid, s.date.as_deref(), s.turns.clone())
+            .with_context(|| format!("{} {}", item.id, s.id))?;
+        scratch.flush(ns, &sid)?;
+        ahead.encoded.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A build in progress: the memory, the item, what was stored before, and where its wall time
+/// is kept.
+struct SessionsBuild<'a> {
+    memory: &'a Memory,
+    ns: &'a Namespace,
+    item: &'a Item,
+    hash: &'a str,
+    /// Session id → turns stored before this run.
+    stored: &'a std::collections::HashMap<String, u32>,
+    partial_path: &'a Path,
+    previous_seconds: f64,
+    started: Instant,
+}
+
+/// Builds the item's sessions in order, resuming each after the turns already stored.
+fn build_sessions(
+    build: &SessionsBuild<'_>,
+    ahead: &Ahead,
+    stop: Option<&AtomicBool>,
+    progress: &mut dyn FnMut(String),
+) -> Result<()> {
+    let SessionsBuild {
+        memory,
+        ns,
+        item,
+        hash,
+        stored,
+        partial_path,
+        previous_seconds,
+        started,
+    } = *build;
     let total = item.sessions.len();
     for (n, s) in item.sessions.iter().enumerate() {
+        ahead.reached.store(n, Ordering::SeqCst);
         if s.turns.is_empty() {
             continue;
         }
@@ -203,13 +397,13 @@ pub fn build_or_open(
         if done < s.turns.len() {
             receipt.merge(
                 memory
-                    .add_turns(&ns, &sid, s.date.as_deref(), s.turns[done..].to_vec())
+                    .add_turns(ns, &sid, s.date.as_deref(), s.turns[done..].to_vec())
                     .with_context(|| format!("{} {}", item.id, s.id))?,
             );
         }
-        receipt.merge(memory.flush(&ns, &sid)?);
-        let seconds = previous.seconds + started.elapsed().as_secs_f64();
-        std::fs::write(&partial_path, serde_json::to_vec(&Partial { seconds })?)?;
+        receipt.merge(memory.flush(ns, &sid)?);
+        let seconds = previous_seconds + started.elapsed().as_secs_f64();
+        std::fs::write(partial_path, serde_json::to_vec(&Partial { seconds })?)?;
         let eta = started.elapsed().as_secs_f64() / (n + 1) as f64 * (total - n - 1) as f64;
         progress(format!(
             "construct {} {}: session {}/{total} ({} turns new) → {} segments, {} records, {} tokens in {:.0}s; eta {:.0}s",
@@ -224,17 +418,7 @@ pub fn build_or_open(
             eta
         ));
     }
-    let mut report = summarize(
-        &memory,
-        &ns,
-        item,
-        hash,
-        previous.seconds + started.elapsed().as_secs_f64(),
-    )?;
-    report.sessions = item.sessions.len();
-    std::fs::write(&marker, serde_json::to_vec_pretty(&report)?)?;
-    let _ = std::fs::remove_file(&partial_path);
-    Ok((memory, report, false))
+    Ok(())
 }
 
 fn summarize(

@@ -84,6 +84,7 @@ fn spec_for(
         full_context_reserve: 1024,
         max_sessions: None,
         jobs: 1,
+        session_lookahead: 0,
         variant_items: Default::default(),
         plans_only: false,
         peer_python: None,
@@ -249,7 +250,10 @@ fn a_killed_construction_resumes_where_it_stopped() {
         &cfg,
         &hash,
         comps.clone(),
-        Some(&stop),
+        lycheemem_bench::construct::BuildOptions {
+            stop: Some(&stop),
+            session_lookahead: 0,
+        },
         &mut |_| stop.store(true, Ordering::SeqCst),
     )
     .map(|_| ())
@@ -266,7 +270,7 @@ fn a_killed_construction_resumes_where_it_stopped() {
         &cfg,
         &hash,
         comps,
-        None,
+        Default::default(),
         &mut |_| {},
     )
     .unwrap();
@@ -525,6 +529,168 @@ impl Llm for WaitingPlanner {
     fn context_length(&self) -> Option<usize> {
         self.inner.context_length()
     }
+}
+
+/// One LoCoMo conversation of four sessions, three turns each; session `k`'s first turn carries
+/// the marker `zq<k>x`.
+fn four_sessions(dir: &std::path::Path) -> (std::path::PathBuf, dataset::Dataset) {
+    let mut conversation = serde_json::json!({"speaker_a": "Ann", "speaker_b": "Bob"});
+    for k in 1..=4 {
+        conversation[format!("session_{k}_date_time")] = format!("1:56 pm on {k} May, 2023").into();
+        conversation[format!("session_{k}")] = serde_json::json!([
+            {"speaker": "Ann", "dia_id": format!("D{k}:1"), "text": format!("Note {k}: zq{k}x, I fed the cat at {k} o'clock.")},
+            {"speaker": "Bob", "dia_id": format!("D{k}:2"), "text": format!("I ran {k} miles in Berlin today.")},
+            {"speaker": "Ann", "dia_id": format!("D{k}:3"), "text": format!("The cat slept {k} hours after that.")}
+        ]);
+    }
+    let data = serde_json::json!([{
+        "sample_id": "conv-4s",
+        "conversation": conversation,
+        "qa": [
+            {"question": "When did Ann feed the cat?", "answer": "1 o'clock", "evidence": ["D1:1"], "category": 4},
+            {"question": "How far did Bob run?", "answer": "3 miles", "evidence": ["D3:2"], "category": 4},
+            {"question": "How long did the cat sleep?", "answer": "4 hours", "evidence": ["D4:3"], "category": 1}
+        ]
+    }]);
+    let path = dir.join("locomo_four_sessions.json");
+    std::fs::write(&path, data.to_string()).unwrap();
+    let data = dataset::load(&path).unwrap();
+    (path, data)
+}
+
+/// An encoder whose calls for `hold` wait (30 s at most, noting it when they gave up) until a
+/// call for `release` has been made.
+struct GatedLlm {
+    inner: Arc<ScriptedLlm>,
+    hold: &'static str,
+    release: &'static str,
+    released: Arc<AtomicBool>,
+    gave_up: Arc<AtomicBool>,
+}
+
+impl Llm for GatedLlm {
+    fn complete(
+        &self,
+        messages: &[ChatMessage],
+        options: &GenerateOptions,
+    ) -> LlmResult<Completion> {
+        let says = |marker: &str| messages.iter().any(|m| m.content.contains(marker));
+        if says(self.release) {
+            self.released.store(true, Ordering::SeqCst);
+        }
+        if says(self.hold) {
+            wait_for(&self.released, &self.gave_up);
+        }
+        self.inner.complete(messages, options)
+    }
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+    fn context_length(&self) -> Option<usize> {
+        self.inner.context_length()
+    }
+}
+
+#[test]
+fn sessions_encoded_ahead_leave_the_memory_a_sequential_build_makes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = four_sessions(dir.path());
+    let encoder_calls = |llm: &ScriptedLlm| {
+        llm.prompts()
+            .iter()
+            .filter(|p| p.iter().any(|m| m.content.contains("Segment turns:")))
+            .count()
+    };
+    // Sequentially.
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let sequential = RunSpec {
+        retrieval_only: true,
+        ..spec_for(
+            &path,
+            &dir.path().join("seq/results"),
+            &dir.path().join("seq/cache"),
+            &["full"],
+        )
+    };
+    let b = backends(llm.clone(), miso_judge());
+    run::run(&data, &sequential, &Config::default(), &b, &mut |_| {}).unwrap();
+    let seq_calls = encoder_calls(&llm);
+    // Two sessions ahead: the build's first session waits until the third session's encoder
+    // call has been made, which only a session encoded ahead can make.
+    let llm = Arc::new(ScriptedLlm::pipeline("Miso"));
+    let (released, gave_up) = (flag(), flag());
+    let mut b = backends(llm.clone(), miso_judge());
+    b.components.encode_llm = Arc::new(GatedLlm {
+        inner: llm.clone(),
+        hold: "zq1x",
+        release: "zq3x",
+        released: released.clone(),
+        gave_up: gave_up.clone(),
+    });
+    let ahead = RunSpec {
+        session_lookahead: 2,
+        retrieval_only: true,
+        ..spec_for(
+            &path,
+            &dir.path().join("ahead/results"),
+            &dir.path().join("ahead/cache"),
+            &["full"],
+        )
+    };
+    let mut lines = Vec::new();
+    run::run(&data, &ahead, &Config::default(), &b, &mut |l| {
+        lines.push(l)
+    })
+    .unwrap();
+    assert!(
+        !gave_up.load(Ordering::SeqCst),
+        "no session was encoded ahead"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("sessions encoded ahead (2 at a time)")),
+        "{lines:#?}"
+    );
+    // Each encoder prompt reached the model once (the build replayed or joined the calls made
+    // ahead), and the memory is the sequential one.
+    assert_eq!(encoder_calls(&llm), seq_calls);
+    let (seq, ahead_built) = (
+        run::constructions(&sequential.out).unwrap(),
+        run::constructions(&ahead.out).unwrap(),
+    );
+    let key = |c: &run::ConstructionLine| {
+        let r = &c.report;
+        (
+            r.segments,
+            r.records,
+            r.encode_calls,
+            r.prompt_tokens,
+            r.completion_tokens,
+        )
+    };
+    assert_eq!(key(&ahead_built[0]), key(&seq[0]));
+    assert_eq!(ahead_built[0].report.encode_calls as usize, seq_calls);
+    let evidence = |out: &Path| {
+        let mut p = run::predictions(out).unwrap();
+        p.sort_by(|a, b| a.question_id.cmp(&b.question_id));
+        p.into_iter()
+            .map(|p| {
+                p.evidence
+                    .into_iter()
+                    .map(|e| (e.id, e.turns, e.score.to_bits()))
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(evidence(&ahead.out), evidence(&sequential.out));
+    // The scratch memory is gone.
+    let left: Vec<String> = std::fs::read_dir(&ahead.cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".lookahead"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]

@@ -70,6 +70,11 @@ pub struct RunSpec {
     /// kernels), which greedy decoding occasionally turns into a different token; wall times do.
     #[serde(default)]
     pub jobs: usize,
+    /// Sessions of an item encoded ahead of its build at the same time
+    /// ([`crate::construct::BuildOptions::session_lookahead`]); the memory built does not depend
+    /// on it.
+    #[serde(default)]
+    pub session_lookahead: usize,
     /// Variants restricted to some items (e.g. `eager` → `["conv-26"]`: eager costs one encoder
     /// call per turn); variants not listed run on every selected item.
     #[serde(default)]

@@ -245,7 +245,10 @@ pub(super) fn spawn_builder<'scope, 'env>(
                     task.config,
                     &task.hash,
                     ctx.comps.clone(),
-                    Some(stop),
+                    construct::BuildOptions {
+                        stop: Some(stop),
+                        session_lookahead: ctx.spec.session_lookahead,
+                    },
                     say,
                 )
                 .map(|_| (task.wave, task.item, task.hash.clone()))
@@ -366,7 +369,10 @@ pub(super) fn open_wave(
                 &group[0].config,
                 &hash,
                 ctx.comps.clone(),
-                None,
+                construct::BuildOptions {
+                    stop: None,
+                    session_lookahead: ctx.spec.session_lookahead,
+                },
                 progress,
             )?;
             let cached = cached && !fresh.contains(&(i, hash.clone()));
