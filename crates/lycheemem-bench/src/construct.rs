@@ -135,7 +135,9 @@ pub struct BuildOptions<'a> {
     pub stop: Option<&'a AtomicBool>,
     /// Sessions after the one being built that are encoded ahead at the same time (0 = none;
     /// the `lycheemem` strategy only). Each runs through the build's own components into a
-    /// scratch memory beside the real one (`<memory>.lookahead`, removed when the build ends).
+    /// scratch memory beside the real one (`<memory>.lookahead`, removed when the build ends, or
+    /// by the next build of the memory after a kill); a session that fails there is reported
+    /// and left to the build.
     /// A session's encoder prompts depend on that session alone (its turns, date and reference
     /// context ρ, docs/algorithm.md), and the run's encode LLM replays logged calls and joins
     /// identical calls in flight ([`crate::replay::ReplayLlm`]); so when the build reaches a
@@ -225,9 +227,10 @@ pub fn build_or_open(
         over: AtomicBool::new(false),
         encoded: AtomicUsize::new(0),
     };
-    let scratch_dir = dir.with_extension("lookahead");
+    let scratch_dir = scratch_dir(&dir);
+    // One a killed build left behind goes first.
+    remove_scratch(&scratch_dir)?;
     let scratch = if lookahead > 0 {
-        remove_scratch(&scratch_dir)?;
         Some(
             Memory::with_components(&scratch_dir, scratch_config, components)
                 .with_context(|| format!("opening {}", scratch_dir.display()))?,
@@ -256,29 +259,32 @@ pub fn build_or_open(
         };
         let result = build_sessions(&build, &ahead, stop, progress);
         ahead.over.store(true, Ordering::SeqCst);
-        let mut worker_error = None;
+        // Encoding ahead only saves the build time: a thread that failed (its scratch store,
+        // say) is reported, and the build, which made any call it needed itself, stands.
         for w in workers {
             let outcome = w
                 .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("a session encoded ahead panicked")));
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the thread panicked")));
             if let Err(e) = outcome {
-                worker_error.get_or_insert(e);
+                progress(format!(
+                    "construct {} {hash}: encoding a session ahead failed (the build made its calls itself): {e:#}",
+                    item.id
+                ));
             }
         }
-        result?;
-        match worker_error {
-            Some(e) => Err(e.context("encoding sessions ahead of the build")),
-            None => Ok(()),
-        }
+        result
     });
     drop(scratch);
     if lookahead > 0 {
-        remove_scratch(&scratch_dir)?;
         progress(format!(
             "construct {} {hash}: {} sessions encoded ahead ({lookahead} at a time)",
             item.id,
             ahead.encoded.load(Ordering::SeqCst)
         ));
+        // Left behind, it is removed by the next build of this memory; the build stands.
+        if let Err(e) = remove_scratch(&scratch_dir) {
+            progress(format!("construct {} {hash}: {e:#}", item.id));
+        }
     }
     built?;
     let mut report = summarize(
@@ -304,6 +310,14 @@ struct Ahead {
     over: AtomicBool,
     /// Sessions encoded ahead.
     encoded: AtomicUsize,
+}
+
+/// The scratch memory of a build encoding sessions ahead: `<memory folder>.lookahead`, one per
+/// memory (the folder's name holds dots, so not `with_extension`).
+fn scratch_dir(memory_dir: &Path) -> PathBuf {
+    let mut name = memory_dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".lookahead");
+    memory_dir.with_file_name(name)
 }
 
 fn remove_scratch(dir: &Path) -> Result<()> {
@@ -457,6 +471,16 @@ fn summarize(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_memory_has_its_own_scratch_folder() {
+        let cache = Path::new("/cache");
+        let a = scratch_dir(&cache.join("locomo.conv-26-25edc6160726"));
+        let b = scratch_dir(&cache.join("locomo.conv-47-25edc6160726"));
+        let c = scratch_dir(&cache.join("locomo.conv-26-aaaaaaaaaaaa"));
+        assert_eq!(a, cache.join("locomo.conv-26-25edc6160726.lookahead"));
+        assert!(a != b && a != c && b != c);
+    }
 
     #[test]
     fn ids_that_differ_only_in_replaced_characters_get_their_own_namespaces() {

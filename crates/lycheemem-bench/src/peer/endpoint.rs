@@ -9,9 +9,12 @@
 //! checkpoint file: after each unit of the build is in the peer's store, the driver posts
 //! `/lycheemem/checkpoint` with its progress, and the endpoint writes that progress together with
 //! the build's cumulative cost (earlier runs' cost from the file, plus this run's build-phase
-//! calls). So the cost of a build stopped and resumed is the cost of its finished units: calls
-//! made for a unit that a kill cut short are not counted, and those it makes again on resuming
-//! (replayed, the same tokens) are counted once.
+//! calls). So the calls and tokens of a build stopped and resumed are those of its finished
+//! units: calls made for a unit that a kill cut short are not counted, and those it makes again
+//! on resuming (replayed, the same tokens) are counted once. Two limits: a kill in the moment
+//! between a unit reaching the peer's store and its checkpoint loses that unit's calls (the
+//! resumed driver finds the unit stored); and wall seconds count each finished unit's time in
+//! the run that finished it (a unit resumed from replayed calls takes less).
 //!
 //! Deliberately small: HTTP/1.1 with `Content-Length` bodies, one thread per connection, one
 //! request per connection (`Connection: close`), bodies up to [`MAX_BODY`]. It binds
