@@ -214,7 +214,7 @@ pub fn build_or_open(
     let unbuilt = item
         .sessions
         .iter()
-        .filter(|s| stored.get(&s.id).copied().unwrap_or(0) as usize != s.turns.len())
+        .filter(|s| !fully_stored(&stored, s))
         .count();
     let lookahead = if config.strategy == MemoryStrategy::Lycheemem && unbuilt > 1 {
         opts.session_lookahead.min(unbuilt - 1)
@@ -312,6 +312,14 @@ struct Ahead {
     encoded: AtomicUsize,
 }
 
+/// Whether every turn of `session` was stored before this run (`stored`: session id → turns).
+fn fully_stored(
+    stored: &std::collections::HashMap<String, u32>,
+    session: &crate::dataset::Session,
+) -> bool {
+    stored.get(&session.id).copied().unwrap_or(0) as usize == session.turns.len()
+}
+
 /// The scratch memory of a build encoding sessions ahead: `<memory folder>.lookahead`, one per
 /// memory (the folder's name holds dots, so not `with_extension`).
 fn scratch_dir(memory_dir: &Path) -> PathBuf {
@@ -347,8 +355,10 @@ fn encode_ahead(
         let Some(s) = item.sessions.get(n) else {
             return Ok(());
         };
-        let built = stored.get(&s.id).copied().unwrap_or(0) as usize == s.turns.len();
-        if s.turns.is_empty() || built || n <= ahead.reached.load(Ordering::SeqCst) {
+        if s.turns.is_empty()
+            || fully_stored(stored, s)
+            || n <= ahead.reached.load(Ordering::SeqCst)
+        {
             continue;
         }
         let sid = SessionId::new(s.id.clone())?;

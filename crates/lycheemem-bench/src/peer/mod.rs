@@ -370,7 +370,9 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
             )
         })?;
     let usage = endpoint.usage();
-    let total = endpoint.build_cost().unwrap_or_default();
+    let total = endpoint
+        .build_cost()
+        .context("the build's endpoint keeps no checkpoint")?;
     drop(endpoint);
     let mut hits = HashMap::new();
     for line in crate::jsonl::read_lines::<HitsLine>(&hits_out)? {
