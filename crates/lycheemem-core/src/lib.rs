@@ -20,7 +20,7 @@ pub mod usage;
 pub mod vector;
 
 pub use cancel::Cancel;
-pub use config::{ComputeDevice, Config, LlmWeights, MemoryStrategy};
+pub use config::{ComputeDevice, Config, ForcedTokens, LlmWeights, MemoryStrategy};
 pub use error::{Error, Result};
 pub use evidence::{Candidate, CandidateTarget, Channel, Evidence, Provenance};
 pub use normalize::normalize_key;

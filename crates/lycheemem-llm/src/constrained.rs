@@ -123,6 +123,17 @@ impl ActiveConstraint {
         Tensor::from_vec(values, logits.shape(), logits.device()).map_err(llg_err)
     }
 
+    /// The tokens the grammar forces next (at most `limit`), consumed: the caller must emit them.
+    /// Empty when the next token is a choice, or when the parser cannot tell.
+    pub(crate) fn fast_forward(&mut self, limit: usize) -> Result<Vec<u32>> {
+        let mut forced = self.matcher.compute_ff_tokens();
+        forced.truncate(limit);
+        if !forced.is_empty() {
+            self.matcher.consume_tokens(&forced).map_err(llg_err)?;
+        }
+        Ok(forced)
+    }
+
     pub(crate) fn commit(&mut self, token: u32) -> Result<()> {
         self.matcher.consume_token(token).map_err(llg_err)
     }

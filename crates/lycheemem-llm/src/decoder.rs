@@ -4,8 +4,7 @@
 //!
 //! Follows candle-transformers' `quantized_llama` / `quantized_qwen2`; differs in the cache,
 //! which here is a separate [`KvState`] per sequence (so one set of weights serves several
-//! sequences, and [`Decoder::forward_batch`] decodes one token of each in a single pass over the
-//! weights), and in reading both architectures through one configuration.
+//! sequences, and [`Decoder::forward_batch`] advances several in a single pass over the weights), and in reading both architectures through one configuration.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
@@ -374,46 +373,67 @@ impl Decoder {
         result
     }
 
-    /// One decode step for several sequences at once: `tokens[i]` is the next token of
-    /// `states[i]`. Every weight matrix is multiplied with all rows together (one pass over the
-    /// weights instead of one per sequence), while attention runs per sequence against its own
-    /// cache. Returns each sequence's logits. Row results equal [`Decoder::forward`] up to the
-    /// matmul kernel's accumulation order.
+    /// One pass for several sequences at once: `tokens[i]` are the next tokens of `states[i]`
+    /// (one while decoding; more when tokens a grammar forces are fed together). Every weight
+    /// matrix is multiplied with all rows together (one pass over the weights instead of one per
+    /// sequence), while attention runs per sequence against its own cache, causally masked within
+    /// its rows. Returns each sequence's logits at its last new position. Row results equal
+    /// [`Decoder::forward`] up to the matmul kernel's accumulation order.
     pub fn forward_batch(
         &self,
         states: &mut [&mut KvState],
-        tokens: &[u32],
+        tokens: &[&[u32]],
     ) -> Result<Vec<Tensor>> {
         let b = tokens.len();
-        if b == 0 || b != states.len() {
-            candle_core::bail!("forward_batch needs one token per sequence");
+        if b == 0 || b != states.len() || tokens.iter().any(|t| t.is_empty()) {
+            candle_core::bail!("forward_batch needs at least one token per sequence");
         }
-        for s in states.iter() {
-            self.check_room(s.len + 1)?;
+        for (s, t) in states.iter().zip(tokens) {
+            self.check_room(s.len + t.len())?;
         }
         let positions: Vec<usize> = states.iter().map(|s| s.len).collect();
+        let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
+        let offsets: Vec<usize> = lens
+            .iter()
+            .scan(0, |at, &n| {
+                let o = *at;
+                *at += n;
+                Some(o)
+            })
+            .collect();
         let rope_at = |table: &Tensor| -> Result<Vec<Tensor>> {
-            positions.iter().map(|&p| table.narrow(0, p, 1)).collect()
+            positions
+                .iter()
+                .zip(&lens)
+                .map(|(&p, &n)| table.narrow(0, p, n))
+                .collect()
         };
         let (cos, sin) = (rope_at(&self.cos)?, rope_at(&self.sin)?);
-        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
-        let mut x = self.embed.forward(&ids)?; // (1, b, d): the sequences side by side
+        let masks: Vec<Option<Tensor>> = positions
+            .iter()
+            .zip(&lens)
+            .map(|(&p, &n)| (n > 1).then(|| causal_mask(n, p, &self.device)).transpose())
+            .collect::<Result<_>>()?;
+        let flat: Vec<u32> = tokens.iter().flat_map(|t| t.iter().copied()).collect();
+        let ids = Tensor::new(flat.as_slice(), &self.device)?.unsqueeze(0)?;
+        let mut x = self.embed.forward(&ids)?; // (1, rows, d): the sequences side by side
         let result = (|| -> Result<Vec<Tensor>> {
             for (l, layer) in self.layers.iter().enumerate() {
                 let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps as f32)?;
                 let (q, k, v) = project_qkv(&self.cfg, layer, &h)?;
                 let mut ys = Vec::with_capacity(b);
                 for (i, state) in states.iter_mut().enumerate() {
-                    // Sequence i is row i: `(1, heads, 1, hd)` views of the batched projections.
-                    let row = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
+                    // Sequence i is rows offsets[i].. : `(1, heads, n, hd)` views of the batched
+                    // projections.
+                    let rows = |t: &Tensor| t.narrow(2, offsets[i], lens[i])?.contiguous();
                     let cache = &mut state.layers[l];
                     ys.push(attend(
                         &self.cfg,
                         cache,
-                        &row(&q)?,
-                        &row(&k)?,
-                        &row(&v)?,
-                        None,
+                        &rows(&q)?,
+                        &rows(&k)?,
+                        &rows(&v)?,
+                        masks[i].as_ref(),
                         &cos[i],
                         &sin[i],
                     )?);
@@ -422,11 +442,21 @@ impl Decoder {
                 x = (layer.wo.forward(&y)? + &x)?;
                 x = self.feed_forward(layer, &x)?;
             }
+            // Only each sequence's last row needs logits.
+            let last: Vec<u32> = offsets
+                .iter()
+                .zip(&lens)
+                .map(|(&o, &n)| (o + n - 1) as u32)
+                .collect();
+            if last.len() < flat.len() {
+                let last = Tensor::new(last.as_slice(), &self.device)?;
+                x = x.index_select(&last, 1)?;
+            }
             let logits = self.logits(&x)?.squeeze(0)?; // (b, vocab)
             (0..b).map(|i| logits.get(i)).collect()
         })();
-        for (state, &pos) in states.iter_mut().zip(&positions) {
-            self.settle(state, pos, 1, result.is_ok());
+        for ((state, &pos), &n) in states.iter_mut().zip(&positions).zip(&lens) {
+            self.settle(state, pos, n, result.is_ok());
         }
         result
     }

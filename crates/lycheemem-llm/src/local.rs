@@ -19,9 +19,9 @@
 use candle_core::Tensor;
 use candle_core::quantized::gguf_file;
 use candle_transformers::generation::{LogitsProcessor, Sampling};
-use lycheemem_core::{ComputeDevice, Error, LlmWeights, Result};
+use lycheemem_core::{ComputeDevice, Error, ForcedTokens, LlmWeights, Result};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -55,6 +55,9 @@ pub struct LocalOptions {
     pub device: ComputeDevice,
     /// Quantized as in the file (default), or dequantized to f16 / f32 at load.
     pub weights: LlmWeights,
+    /// Tokens a JSON schema forces: fed in one pass with the sampled token before them
+    /// (default), or one decoding step each.
+    pub forced_tokens: ForcedTokens,
 }
 
 /// What does not change after loading; shared by callers and the worker.
@@ -68,6 +71,10 @@ struct Shared {
     model_id: String,
     /// Most generations advanced by one forward pass so far.
     peak_batch: AtomicUsize,
+    /// Forward passes run for generations (prefills not counted).
+    decode_passes: AtomicU64,
+    /// Schema-forced tokens fed without a decoding step of their own.
+    fast_forwarded: AtomicU64,
 }
 
 impl Shared {
@@ -195,6 +202,8 @@ impl LocalLlm {
             context_length,
             model_id,
             peak_batch: AtomicUsize::new(0),
+            decode_passes: AtomicU64::new(0),
+            fast_forwarded: AtomicU64::new(0),
         });
         let (jobs, queue) = mpsc::channel();
         let mut worker = Worker {
@@ -210,6 +219,7 @@ impl LocalLlm {
             shared: shared.clone(),
             active: Vec::new(),
             clock: 0,
+            forced_tokens: options.forced_tokens,
         };
         let worker = std::thread::Builder::new()
             .name(format!("llm-{}", shared.model_id))
@@ -246,6 +256,18 @@ impl LocalLlm {
     /// The most generations one forward pass has advanced together since loading.
     pub fn peak_batch(&self) -> usize {
         self.shared.peak_batch.load(Ordering::Relaxed)
+    }
+
+    /// Forward passes run for generations since loading (one per decoding step, whatever the
+    /// batch; prefills not counted).
+    pub fn decode_passes(&self) -> u64 {
+        self.shared.decode_passes.load(Ordering::Relaxed)
+    }
+
+    /// Schema-forced tokens fed without a decoding step of their own since loading (see
+    /// [`ForcedTokens::FastForward`]).
+    pub fn fast_forwarded_tokens(&self) -> u64 {
+        self.shared.fast_forwarded.load(Ordering::Relaxed)
     }
 
     fn submit<T>(&self, job: Job, answer: mpsc::Receiver<T>) -> Result<T> {
@@ -420,7 +442,8 @@ struct Active {
 
 /// What one step decided for a generation.
 enum Next {
-    Continue(u32),
+    /// Feed these: the sampled token, then any the schema forces after it.
+    Continue(Vec<u32>),
     Finished(FinishReason),
 }
 
@@ -431,6 +454,7 @@ struct Worker {
     shared: Arc<Shared>,
     active: Vec<Active>,
     clock: u64,
+    forced_tokens: ForcedTokens,
 }
 
 fn cancelled_error() -> Error {
@@ -501,13 +525,21 @@ impl Worker {
     /// unless that would drop more cached positions than it keeps: then the shared prefix is
     /// copied into an empty (else the least recently used) other slot, so an unrelated call does
     /// not overwrite a long cached prefix (a whole history) that later calls will want again.
-    fn start(&mut self, request: Box<Request>) {
+    fn start(&mut self, mut request: Box<Request>) {
         if request.opts.cancel.is_cancelled() {
             // Cancelled while queued: no prefill.
             let _ = request.reply.send(Err(cancelled_error()));
             return;
         }
         let started = Instant::now(); // latency counts from here, not from the queue
+        // What the schema forces first (`{"records": [{"` ...) is prefilled with the prompt.
+        let forced = match self.forced(&mut request, 0) {
+            Ok(forced) => forced,
+            Err(e) => {
+                let _ = request.reply.send(Err(e));
+                return;
+            }
+        };
         let prompt = &request.prompt;
         let common = |slot: &Slot| {
             slot.tokens
@@ -563,8 +595,9 @@ impl Worker {
         let reused = common(slot).min(prompt.len() - 1);
         slot.kv.truncate(reused);
         slot.tokens.truncate(reused);
+        let input: Vec<u32> = prompt[reused..].iter().chain(&forced).copied().collect();
         let mut logits: Option<Tensor> = None;
-        for chunk in prompt[reused..].chunks(PREFILL_CHUNK) {
+        for chunk in input.chunks(PREFILL_CHUNK) {
             match self.decoder.forward(&mut slot.kv, chunk) {
                 Ok(l) => logits = Some(l),
                 Err(e) => {
@@ -582,25 +615,52 @@ impl Worker {
             slot: index,
             request,
             logits,
-            generated: Vec::new(),
+            generated: forced,
             text: String::new(),
             reused,
             started,
         };
-        if active.request.opts.max_tokens == 0 {
+        if active.generated.len() >= active.request.opts.max_tokens as usize {
             self.finish(active, Ok(FinishReason::Length));
+        } else if active
+            .request
+            .constraint
+            .as_ref()
+            .is_some_and(|c| !active.generated.is_empty() && c.is_stopped())
+        {
+            self.finish(active, Ok(FinishReason::Stop));
         } else {
             self.active.push(active);
+        }
+    }
+
+    /// The tokens the request's schema forces next, consumed from its grammar, when forced
+    /// tokens are fast-forwarded (never with stop strings, which are checked token by token):
+    /// at most what `max_tokens` leaves after `generated` tokens.
+    fn forced(&self, request: &mut Request, generated: usize) -> Result<Vec<u32>> {
+        let room = (request.opts.max_tokens as usize).saturating_sub(generated);
+        match request.constraint.as_mut() {
+            Some(c)
+                if self.forced_tokens == ForcedTokens::FastForward
+                    && request.opts.stop.is_empty() =>
+            {
+                let forced = c.fast_forward(room)?;
+                self.shared
+                    .fast_forwarded
+                    .fetch_add(forced.len() as u64, Ordering::Relaxed);
+                Ok(forced)
+            }
+            _ => Ok(Vec::new()),
         }
     }
 
     /// Advances every active generation by one token: each picks its next token from its logits,
     /// the finished ones are answered, and the rest run one forward pass together.
     fn step(&mut self) {
-        let mut continuing: Vec<(Active, u32)> = Vec::new();
+        let mut continuing: Vec<(Active, Vec<u32>)> = Vec::new();
         for mut a in std::mem::take(&mut self.active) {
             match self.next_token(&mut a) {
-                Ok(Next::Continue(token)) => continuing.push((a, token)),
+                Ok(Next::Continue(tokens)) => continuing.push((a, tokens)),
                 Ok(Next::Finished(reason)) => self.finish(a, Ok(reason)),
                 Err(e) => self.finish(a, Err(e)),
             }
@@ -611,14 +671,17 @@ impl Worker {
         self.shared
             .peak_batch
             .fetch_max(continuing.len(), Ordering::Relaxed);
-        let forwarded = if let [(a, token)] = continuing.as_slice() {
+        self.shared.decode_passes.fetch_add(1, Ordering::Relaxed);
+        let forwarded = if let [(a, tokens)] = continuing.as_slice() {
             // One generation: the unbatched path, identical to sequential decoding.
             let kv = &mut self.slots[a.slot].kv;
-            self.decoder.forward(kv, &[*token]).map(|l| vec![l])
+            self.decoder.forward(kv, tokens).map(|l| vec![l])
         } else {
-            let mut by_slot: Vec<(usize, u32)> =
-                continuing.iter().map(|(a, t)| (a.slot, *t)).collect();
-            by_slot.sort_unstable();
+            let mut by_slot: Vec<(usize, &[u32])> = continuing
+                .iter()
+                .map(|(a, t)| (a.slot, t.as_slice()))
+                .collect();
+            by_slot.sort_unstable_by_key(|(slot, _)| *slot);
             let mut states: Vec<&mut KvState> = Vec::with_capacity(by_slot.len());
             let mut wanted = by_slot.iter().map(|(s, _)| *s).peekable();
             for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -627,7 +690,7 @@ impl Worker {
                     states.push(&mut slot.kv);
                 }
             }
-            let tokens: Vec<u32> = by_slot.iter().map(|(_, t)| *t).collect();
+            let tokens: Vec<&[u32]> = by_slot.iter().map(|(_, t)| *t).collect();
             self.decoder
                 .forward_batch(&mut states, &tokens)
                 .map(|logits| {
@@ -643,8 +706,8 @@ impl Worker {
         };
         match forwarded {
             Ok(logits) => {
-                for ((mut a, token), l) in continuing.into_iter().zip(logits) {
-                    self.slots[a.slot].tokens.push(token);
+                for ((mut a, tokens), l) in continuing.into_iter().zip(logits) {
+                    self.slots[a.slot].tokens.extend_from_slice(&tokens);
                     a.logits = l;
                     self.active.push(a);
                 }
@@ -706,6 +769,8 @@ impl Worker {
                 return Ok(Next::Finished(FinishReason::Stop));
             }
         }
+        let forced = self.forced(&mut a.request, a.generated.len())?;
+        a.generated.extend_from_slice(&forced);
         if a.request
             .constraint
             .as_ref()
@@ -713,10 +778,13 @@ impl Worker {
         {
             return Ok(Next::Finished(FinishReason::Stop));
         }
-        if a.generated.len() >= opts.max_tokens as usize {
+        if a.generated.len() >= a.request.opts.max_tokens as usize {
             return Ok(Next::Finished(FinishReason::Length));
         }
-        Ok(Next::Continue(token))
+        let mut feed = Vec::with_capacity(1 + forced.len());
+        feed.push(token);
+        feed.extend(forced);
+        Ok(Next::Continue(feed))
     }
 
     /// Answers the caller and frees the slot (its tokens stay cached for prefix reuse).
@@ -790,8 +858,9 @@ impl Worker {
                 ]
             } else {
                 let mut refs: Vec<&mut KvState> = states.iter_mut().collect();
+                let steps: Vec<&[u32]> = tokens.iter().map(std::slice::from_ref).collect();
                 self.decoder
-                    .forward_batch(&mut refs, &tokens)
+                    .forward_batch(&mut refs, &steps)
                     .map_err(model_err)?
             };
             for (t, l) in tokens.iter_mut().zip(&logits) {

@@ -2,8 +2,8 @@
 //! deterministic generation, prefix-cache correctness, schema-constrained output, guards.
 
 use lycheemem_llm::{
-    ChatMessage, ComputeDevice, GenerateOptions, Llm, LlmWeights, LocalLlm, LocalOptions,
-    validate_against_schema,
+    ChatMessage, ComputeDevice, FinishReason, ForcedTokens, GenerateOptions, Llm, LlmWeights,
+    LocalLlm, LocalOptions, validate_against_schema,
 };
 use lycheemem_models::{FetchSource, ModelStore};
 use serde_json::json;
@@ -219,6 +219,74 @@ fn schema_constrained_output_always_validates() {
         }
     }
     println!("schema-valid outputs: constrained 20/20, unconstrained {unconstrained_valid}/20");
+}
+
+/// Tokens the schema forces (keys, separators, the rest of an enum value) are fed without a
+/// decoding step of their own: the output still validates, it costs fewer forward passes than
+/// step-by-step decoding, and `max_tokens` still bounds it, forced tokens included.
+#[test]
+fn schema_forced_tokens_are_fed_without_a_decoding_step_each() {
+    let schema = record_schema();
+    let load = |forced_tokens| {
+        LocalLlm::load(
+            &gguf(),
+            LocalOptions {
+                forced_tokens,
+                ..cpu()
+            },
+        )
+        .unwrap()
+    };
+    let (fast, stepped) = (load(ForcedTokens::FastForward), load(ForcedTokens::Decode));
+    let messages = ask(&format!(
+        "Extract memory records from this dialogue as JSON with a `records` list.\n{}",
+        DIALOGUES[0]
+    ));
+    let opts = GenerateOptions {
+        max_tokens: 300,
+        json_schema: Some(schema.clone()),
+        ..Default::default()
+    };
+    let a = fast.complete(&messages, &opts).unwrap();
+    let b = stepped.complete(&messages, &opts).unwrap();
+    for out in [&a, &b] {
+        let value: serde_json::Value = serde_json::from_str(&out.text).unwrap();
+        validate_against_schema(&value, &schema).unwrap();
+        assert_eq!(out.finish_reason, FinishReason::Stop, "{}", out.text);
+    }
+    let forced = fast.fast_forwarded_tokens();
+    assert_eq!(stepped.fast_forwarded_tokens(), 0);
+    assert!(forced >= 10, "only {forced} forced tokens in {}", a.text);
+    // Every generated token was either sampled (at most one pass each) or fed as forced.
+    assert!(fast.decode_passes() + forced <= a.completion_tokens);
+    assert!(stepped.decode_passes() + 1 >= b.completion_tokens);
+    assert!(fast.decode_passes() < stepped.decode_passes());
+    println!(
+        "{} tokens, {forced} fast-forwarded, {} passes (step by step: {} tokens, {} passes); same text: {}",
+        a.completion_tokens,
+        fast.decode_passes(),
+        b.completion_tokens,
+        stepped.decode_passes(),
+        a.text == b.text
+    );
+    // The opening `{"records": [{"memory_type": "` is forced: a budget of 3 tokens ends in it.
+    let short = fast
+        .complete(
+            &messages,
+            &GenerateOptions {
+                max_tokens: 3,
+                ..opts.clone()
+            },
+        )
+        .unwrap();
+    assert_eq!(short.completion_tokens, 3);
+    assert_eq!(short.finish_reason, FinishReason::Length);
+    assert!(
+        a.text.starts_with(&short.text),
+        "{} / {}",
+        short.text,
+        a.text
+    );
 }
 
 /// Concurrent calls are decoded together (continuous batching) and give exactly the tokens each

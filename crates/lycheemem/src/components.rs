@@ -151,6 +151,7 @@ impl Components {
                     max_batch: m.llm_batch,
                     device,
                     weights: m.llm_weights,
+                    forced_tokens: m.llm_forced_tokens,
                     ..LocalOptions::default()
                 },
             )
