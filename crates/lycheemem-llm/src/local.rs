@@ -7,9 +7,11 @@
 //! `max_batch` generations active, each in its own cache slot: a new request is prefilled
 //! (reusing the slot whose cached tokens share the longest prefix with its prompt), then every
 //! active generation advances one token per step in one batched pass over the weights
-//! ([`Decoder::forward_batch`]). Decoding a token is bound by reading the weights, so several
-//! generations decode in little more time than one. A step with one active generation runs the
-//! unbatched forward, so a lone caller decodes as before. Outputs depend on the cache state in
+//! ([`Decoder::forward_batch`]), plus the tokens its JSON schema forces after that token, if any
+//! ([`ForcedTokens::FastForward`]: they ride in the same pass instead of taking a step each).
+//! Decoding a token is bound by reading the weights, so several generations decode in little
+//! more time than one. A step with one active generation runs the unbatched forward, so a lone
+//! caller gets what it would get alone. Outputs depend on the cache state in
 //! float rounding only (how much of a prompt is reused decides which tokens are prefilled, and
 //! chunks of 64+ tokens take the dense kernel path).
 //!
