@@ -4,7 +4,8 @@
 //!
 //! Follows candle-transformers' `quantized_llama` / `quantized_qwen2`; differs in the cache,
 //! which here is a separate [`KvState`] per sequence (so one set of weights serves several
-//! sequences, and [`Decoder::forward_batch`] advances several in a single pass over the weights), and in reading both architectures through one configuration.
+//! sequences, and [`Decoder::forward_batch`] advances several in a single pass over the
+//! weights), and in reading both architectures through one configuration.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
