@@ -372,9 +372,28 @@ def checkpoint(job, done, failed, seconds):
     post_harness(job, "/lycheemem/checkpoint", {"progress": progress, "seconds": seconds})
 
 
+def wait_for_the_endpoint():
+    """Makes every OpenAI client the peers create wait for the harness's endpoint as long as it
+    takes. The client's own default (a 600 s read timeout, then two retries) suits a hosted API;
+    here the endpoint is a local model on a busy CPU, where a long prompt queued behind other
+    requests can take longer than that. A timed-out request is not cancelled on the server: it
+    is computed anyway, the retry asks for it again, and after the last retry the peer gives up
+    on the unit. The harness bounds the build's time itself (it stops or kills the driver)."""
+    import openai
+
+    init = openai.OpenAI.__init__
+
+    def init_without_timeout(self, *args, **kwargs):
+        kwargs.setdefault("timeout", None)
+        init(self, *args, **kwargs)
+
+    openai.OpenAI.__init__ = init_without_timeout
+
+
 def main():
     with open(sys.argv[1], encoding="utf-8") as f:
         job = json.load(f)
+    wait_for_the_endpoint()
     if job["peer"] not in PEERS:
         sys.exit(f"unknown peer {job['peer']!r} (known: {', '.join(PEERS)})")
     units_of, open_peer, add, search, count = PEERS[job["peer"]]

@@ -470,4 +470,41 @@ print(json.dumps({
             assert!(kind.package().contains("=="), "{}", kind.package());
         }
     }
+
+    /// The peers' OpenAI clients wait for the endpoint without a read timeout (a timed-out
+    /// request is computed anyway and then asked for again), unless a caller names one.
+    #[test]
+    fn the_driver_lifts_the_openai_clients_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = dir.path().join("driver.py");
+        std::fs::write(&driver, DRIVER).unwrap();
+        let script = r#"
+import importlib.util, json, sys, types
+openai = types.ModuleType("openai")
+class OpenAI:
+    def __init__(self, api_key=None, base_url=None, timeout="default"):
+        self.timeout = timeout
+openai.OpenAI = OpenAI
+sys.modules["openai"] = openai
+spec = importlib.util.spec_from_file_location("driver", sys.argv[1])
+d = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(d)
+d.wait_for_the_endpoint()
+from openai import OpenAI as Client
+print(json.dumps([Client(api_key="k").timeout, Client(timeout=5).timeout]))
+"#;
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(&driver)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v, serde_json::json!([null, 5]));
+    }
 }
