@@ -415,13 +415,30 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
 mod tests {
     use super::*;
 
+    /// Runs `script` with the system python, the driver's path as its argument, and parses the
+    /// JSON it prints.
+    fn run_with_driver(script: &str) -> serde_json::Value {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = dir.path().join("driver.py");
+        std::fs::write(&driver, DRIVER).unwrap();
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(&driver)
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
     /// The driver's feeding units and A-Mem's timestamps, run by the system python (the
     /// driver imports only the standard library until a peer is opened).
     #[test]
     fn the_driver_feeds_mem0_exchanges_and_amem_turns_with_their_dates() {
-        let dir = tempfile::tempdir().unwrap();
-        let driver = dir.path().join("driver.py");
-        std::fs::write(&driver, DRIVER).unwrap();
         let script = r#"
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("driver", sys.argv[1])
@@ -435,18 +452,7 @@ print(json.dumps({
     "peers": sorted(d.PEERS),
 }))
 "#;
-        let out = Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .arg(&driver)
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = run_with_driver(script);
         assert_eq!(
             v["exchanges"],
             serde_json::json!(["session_1#0-1", "session_1#2-2"])
@@ -475,9 +481,6 @@ print(json.dumps({
     /// request is computed anyway and then asked for again), unless a caller names one.
     #[test]
     fn the_driver_lifts_the_openai_clients_timeout() {
-        let dir = tempfile::tempdir().unwrap();
-        let driver = dir.path().join("driver.py");
-        std::fs::write(&driver, DRIVER).unwrap();
         let script = r#"
 import importlib.util, json, sys, types
 openai = types.ModuleType("openai")
@@ -493,18 +496,7 @@ d.wait_for_the_endpoint()
 from openai import OpenAI as Client
 print(json.dumps([Client(api_key="k").timeout, Client(timeout=5).timeout]))
 "#;
-        let out = Command::new("python3")
-            .arg("-c")
-            .arg(script)
-            .arg(&driver)
-            .output()
-            .expect("python3 runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = run_with_driver(script);
         assert_eq!(v, serde_json::json!([null, 5]));
     }
 }
