@@ -415,15 +415,22 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
 mod tests {
     use super::*;
 
-    /// Runs `script` with the system python, the driver's path as its argument, and parses the
-    /// JSON it prints.
+    /// Python that loads the driver given as the first argument as module `d`.
+    const DRIVER_LOADER: &str = r#"import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("driver", sys.argv[1])
+d = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(d)
+"#;
+
+    /// Runs `script` with the system python after loading the driver as module `d` (and `json`,
+    /// `sys` imported), and parses the JSON it prints.
     fn run_with_driver(script: &str) -> serde_json::Value {
         let dir = tempfile::tempdir().unwrap();
         let driver = dir.path().join("driver.py");
         std::fs::write(&driver, DRIVER).unwrap();
         let out = Command::new("python3")
             .arg("-c")
-            .arg(script)
+            .arg(format!("{DRIVER_LOADER}{script}"))
             .arg(&driver)
             .output()
             .expect("python3 runs");
@@ -440,10 +447,6 @@ mod tests {
     #[test]
     fn the_driver_feeds_mem0_exchanges_and_amem_turns_with_their_dates() {
         let script = r#"
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("driver", sys.argv[1])
-d = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(d)
 sessions = [{"id": "session_1", "date": "2023-05-08", "turns": [{"index": i} for i in range(3)]}]
 print(json.dumps({
     "exchanges": [k for k, _, _ in d.exchanges(sessions)],
@@ -482,16 +485,13 @@ print(json.dumps({
     #[test]
     fn the_driver_lifts_the_openai_clients_timeout() {
         let script = r#"
-import importlib.util, json, sys, types
+import types
 openai = types.ModuleType("openai")
 class OpenAI:
     def __init__(self, api_key=None, base_url=None, timeout="default"):
         self.timeout = timeout
 openai.OpenAI = OpenAI
 sys.modules["openai"] = openai
-spec = importlib.util.spec_from_file_location("driver", sys.argv[1])
-d = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(d)
 d.wait_for_the_endpoint()
 from openai import OpenAI as Client
 print(json.dumps([Client(api_key="k").timeout, Client(timeout=5).timeout]))
