@@ -59,7 +59,7 @@ pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!(
-        "\n| store | records | nodes | search p50 ms | p95 ms | embed p50 | recall p50 | score p50 | fusion p50 |\n|---|---|---|---|---|---|---|---|---|"
+        "\n| store | records | nodes | search p50 ms | p95 ms | embed p50 | recall p50 | score p50 | fusion p50 | candidates p50 | records read p50 |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for &n in &args.sizes {
         measure_size(&args, &embedder, n, None)?;
@@ -176,6 +176,7 @@ fn measure_size(
         };
         let mut rng = Rng(args.seed.wrapping_mul(31) | 1);
         let mut total = Vec::new();
+        let (mut found, mut resolved) = (Vec::new(), Vec::new());
         let mut stages: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         for i in 0..args.queries {
             let question = format!("{}?", sentence(&mut rng, 20_000, 4 + i % 4));
@@ -200,20 +201,26 @@ fn measure_size(
             for (stage, ms) in result.timings {
                 stages.entry(stage).or_default().push(ms);
             }
+            found.push(result.candidates.found as f64);
+            resolved.push(result.candidates.resolved as f64);
         }
         total.sort_by(f64::total_cmp);
+        found.sort_by(f64::total_cmp);
+        resolved.sort_by(f64::total_cmp);
         for v in stages.values_mut() {
             v.sort_by(f64::total_cmp);
         }
         let p50 = |s: &str| stages.get(s).map_or(f64::NAN, |v| percentile(v, 0.5));
         println!(
-            "| {backend} | {n} | {nodes} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            "| {backend} | {n} | {nodes} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.0} | {:.0} |",
             percentile(&total, 0.5),
             percentile(&total, 0.95),
             p50("embed"),
             p50("recall"),
             p50("score"),
-            p50("fusion")
+            p50("fusion"),
+            percentile(&found, 0.5),
+            percentile(&resolved, 0.5)
         );
     }
     Ok(())

@@ -465,6 +465,7 @@ impl LicoRetriever<'_> {
             stages: Vec::new(),
             dropped: Vec::new(),
             context,
+            candidates: Default::default(),
         })
     }
 }

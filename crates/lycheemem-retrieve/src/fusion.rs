@@ -41,12 +41,16 @@ pub fn route_quota(k: usize, routes: usize, cfg: &RetrievalConfig) -> usize {
     (k / routes.max(1)).min(cfg.quota_cap).max(1)
 }
 
+/// How deep into each route's list RRF counts ranks: `max(rrf_depth_factor·k, 4·quota)`.
+pub fn rrf_depth(k: usize, routes: usize, cfg: &RetrievalConfig) -> usize {
+    (cfg.rrf_depth_factor * k).max(4 * route_quota(k, routes, cfg))
+}
+
 /// RRF over the routes' ranked lists (each sorted here by route score, best first). Takes the
 /// lists by value: candidates move into the fused list (a large store's routes hand over
 /// thousands).
 pub fn fuse(routes: Vec<(String, Vec<Scored>)>, k: usize, cfg: &RetrievalConfig) -> Vec<Fused> {
-    let quota = route_quota(k, routes.len(), cfg);
-    let depth = (cfg.rrf_depth_factor * k).max(4 * quota);
+    let depth = rrf_depth(k, routes.len(), cfg);
     // Fused entries in first-seen order, and where each target's entry is.
     let mut fused: Vec<Fused> = Vec::new();
     let mut at: HashMap<CandidateTarget, usize> = HashMap::new();
@@ -189,6 +193,19 @@ pub struct Selection {
     pub dropped: Vec<(Fused, DropReason)>,
     /// How many fused candidates were in the pool when selection ended (after any refills).
     pub pool_size: usize,
+}
+
+impl Selection {
+    /// The candidates that were in the pool when selection ended: the chosen ones and those
+    /// dropped for any reason but [`DropReason::BelowPool`].
+    pub fn pool_members(&self) -> impl Iterator<Item = &Fused> {
+        self.chosen.iter().map(|s| &s.fused).chain(
+            self.dropped
+                .iter()
+                .filter(|(_, r)| *r != DropReason::BelowPool)
+                .map(|(f, _)| f),
+        )
+    }
 }
 
 /// A window's or raw turn's turns as (session, index) pairs (empty for records).

@@ -78,6 +78,78 @@ pub struct SearchResult {
     /// Context a memory strategy shows the answerer besides the evidence items (LiCoMemory:
     /// its session summaries and triples); empty for LycheeMemory.
     pub context: Vec<ContextBlock>,
+    /// How many candidates recall found and how many records had to be read to settle the
+    /// selection (zero where a strategy does not count them).
+    pub candidates: CandidateCounts,
+}
+
+/// Recall's candidates and the records resolved among them: records are read lazily, best
+/// bound first, until the selection is settled ([`route::RouteCandidates`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidateCounts {
+    /// Candidates over all routes (a candidate found by two routes counts twice).
+    pub found: usize,
+    /// Distinct records read.
+    pub resolved: usize,
+}
+
+/// Where the resolved part of the fused list ends: no unresolved record can reach a final score
+/// above `bound` (it is outside every route's RRF depth, so its final score is at most
+/// `fusion_best_weight` times its best route-score bound). Entries above it are in the same
+/// order as in the list with every record resolved.
+struct Frontier {
+    bound: Option<f32>,
+    /// Routes with unresolved records, and how many fused entries above the bound each holds.
+    open_routes: Vec<usize>,
+    quota: usize,
+}
+
+impl Frontier {
+    fn new(
+        fused: &[fusion::Fused],
+        routes: &[route::RouteCandidates<'_>],
+        route_ids: &[String],
+        k: usize,
+        cfg: &RetrievalConfig,
+    ) -> Self {
+        let bound = routes
+            .iter()
+            .filter_map(route::RouteCandidates::pending_bound)
+            .reduce(f32::max)
+            .map(|b| cfg.fusion_best_weight as f32 * b);
+        let open_routes = match bound {
+            None => Vec::new(),
+            Some(bound) => route_ids
+                .iter()
+                .zip(routes)
+                .filter(|(_, r)| r.pending_bound().is_some())
+                .map(|(id, _)| {
+                    fused
+                        .iter()
+                        .take_while(|f| f.final_score > bound)
+                        .filter(|f| f.routes.contains(id))
+                        .count()
+                })
+                .collect(),
+        };
+        Frontier {
+            bound,
+            open_routes,
+            quota: fusion::route_quota(k, route_ids.len(), cfg),
+        }
+    }
+
+    /// Whether `selection` (made over the resolved candidates) is the selection over all of
+    /// them: it chose k, every candidate it admitted to its pool lies above the bound, and
+    /// every route with unresolved records has its quota's worth above it.
+    fn settles(&self, selection: &fusion::Selection, k: usize) -> bool {
+        let Some(bound) = self.bound else {
+            return true;
+        };
+        selection.chosen.len() >= k
+            && self.open_routes.iter().all(|&n| n >= self.quota)
+            && selection.pool_members().all(|f| f.final_score > bound)
+    }
 }
 
 /// A titled block of context lines (e.g. a session summary, or the ranked triples).
@@ -330,8 +402,6 @@ impl Retriever<'_> {
             question_type: plan.question_type,
             k,
         };
-        let mut lists: Vec<(String, Vec<candidate::Scored>)> = Vec::new();
-        let (mut recall_ms, mut score_ms) = (0.0, 0.0);
         // Every route's variants in one batch, each distinct text once (the question leads
         // every route's variants).
         let clock = std::time::Instant::now();
@@ -356,45 +426,57 @@ impl Retriever<'_> {
         }
         let embedded: HashMap<&str, Vec<f32>> = distinct.into_iter().zip(vectors).collect();
         timings.insert("embed", clock.elapsed().as_secs_f64() * 1e3);
+        // The stage trace and the `no_fusion` ablation read every candidate: resolve them all.
+        let eager = req.trace || !cfg.fusion || cfg.fusion_best_weight < 0.0;
+        let depth = fusion::rrf_depth(k, plan.routes.len(), cfg);
+        let mut cache = route::ResolveCache::default();
+        let mut routes = Vec::with_capacity(plan.routes.len());
         for (r, texts) in plan.routes.iter().zip(&route_texts) {
             // `distinct` holds every text of every route.
             let vectors: Vec<Vec<f32>> =
                 texts.iter().map(|t| embedded[t.as_str()].clone()).collect();
-            let (list, t) = route::run_route_timed(&ctx, r, texts, &vectors)?;
-            recall_ms += t.recall_ms;
-            score_ms += t.score_ms;
-            lists.push((r.route_id.clone(), list));
+            let mut candidates = route::recall_route(&ctx, r, texts, &vectors, &mut cache)?;
+            candidates.settle(&ctx, &mut cache, depth, eager)?;
+            routes.push(candidates);
         }
-        timings.insert("recall", recall_ms);
-        timings.insert("score", score_ms);
-        let clock = std::time::Instant::now();
         let route_ids: Vec<String> = plan.routes.iter().map(|r| r.route_id.clone()).collect();
-        let mut stages = if req.trace {
-            candidate_stages(&lists)
-        } else {
-            Vec::new()
-        };
+        let mut stages = Vec::new();
         let mut dropped = Vec::new();
-        let selected = if cfg.fusion {
-            let selection = fusion::select_explained(
-                fusion::fuse(lists, k, cfg),
-                &route_ids,
-                k,
-                plan.question_type,
-                cfg,
-            );
+        let mut fusion_ms = 0.0;
+        let selected = loop {
+            // A record one route resolved is scored by every route that found it.
+            for r in &mut routes {
+                r.resolve_cached(&ctx, &mut cache)?;
+            }
+            let lists: Vec<(String, Vec<candidate::Scored>)> = route_ids
+                .iter()
+                .cloned()
+                .zip(routes.iter().map(route::RouteCandidates::list))
+                .collect();
+            if req.trace {
+                stages = candidate_stages(&lists);
+            }
+            let clock = std::time::Instant::now();
+            if !cfg.fusion {
+                let selected = fusion::raw_field_top_k(&lists, k);
+                fusion_ms += clock.elapsed().as_secs_f64() * 1e3;
+                break selected;
+            }
+            let fused = fusion::fuse(lists, k, cfg);
+            let frontier = Frontier::new(&fused, &routes, &route_ids, k, cfg);
+            let selection = fusion::select_explained(fused, &route_ids, k, plan.question_type, cfg);
+            fusion_ms += clock.elapsed().as_secs_f64() * 1e3;
+            if !eager && !frontier.settles(&selection, k) {
+                // Selection read past what is resolved: resolve as many records again.
+                let more = cache.resolved().max(1);
+                for r in &mut routes {
+                    r.resolve_more(&ctx, &mut cache, more)?;
+                }
+                continue;
+            }
             if req.trace {
                 let pool = selection
-                    .chosen
-                    .iter()
-                    .map(|s| &s.fused)
-                    .chain(
-                        selection
-                            .dropped
-                            .iter()
-                            .filter(|(_, r)| *r != fusion::DropReason::BelowPool)
-                            .map(|(f, _)| f),
-                    )
+                    .pool_members()
                     .map(|f| stage_item(&f.candidate))
                     .collect();
                 stages.push(Stage {
@@ -412,9 +494,19 @@ impl Retriever<'_> {
                     })
                     .collect();
             }
-            selection.chosen
-        } else {
-            fusion::raw_field_top_k(&lists, k)
+            break selection.chosen;
+        };
+        timings.insert(
+            "recall",
+            routes.iter().map(|r| r.timings.recall_ms).sum::<f64>(),
+        );
+        timings.insert(
+            "score",
+            routes.iter().map(|r| r.timings.score_ms).sum::<f64>(),
+        );
+        let candidates = CandidateCounts {
+            found: routes.iter().map(|r| r.found).sum(),
+            resolved: cache.resolved(),
         };
         if req.trace {
             stages.push(Stage {
@@ -425,7 +517,7 @@ impl Retriever<'_> {
                     .collect(),
             });
         }
-        timings.insert("fusion", clock.elapsed().as_secs_f64() * 1e3);
+        timings.insert("fusion", fusion_ms);
         let evidence = selected
             .into_iter()
             .map(|s| {
@@ -463,6 +555,7 @@ impl Retriever<'_> {
             stages,
             dropped,
             context: Vec::new(),
+            candidates,
         })
     }
 }

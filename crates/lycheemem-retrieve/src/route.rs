@@ -31,7 +31,7 @@ use lycheemem_store::rules::turn_search_text;
 use lycheemem_store::{ItemRef, RetrievalStore, Target, VectorQuery};
 use std::collections::{BTreeMap, HashMap};
 
-use crate::candidate::{Scored, r_of};
+use crate::candidate::{ItemInfo, Scored, r_of};
 
 /// Nodes with more records than this are expanded through a restricted vector search rather
 /// than by scoring every member.
@@ -78,6 +78,9 @@ struct Pool {
     /// Best channel score per candidate from the leading variants and the variant-free
     /// channels (temporal); a candidate missing here was found by the route's queries only.
     lead_field: BTreeMap<CandidateTarget, f32>,
+    /// Each record's best cosine to each variant that found it by similarity (what bounds
+    /// its similarity to the leading variants before it is resolved).
+    cos: HashMap<CandidateTarget, Vec<(usize, f32)>>,
     /// Variants `0..lead` are leading.
     lead: usize,
 }
@@ -108,6 +111,15 @@ impl Pool {
         }
         if let Some(n) = node {
             c.provenance.nodes.insert(n.to_string());
+        }
+    }
+
+    /// Notes a record's cosine to a variant (from a hit of that variant).
+    fn similarity(&mut self, target: &CandidateTarget, variant: usize, cos: f32) {
+        let known = self.cos.entry(target.clone()).or_default();
+        match known.iter_mut().find(|(v, _)| *v == variant) {
+            Some((_, c)) => *c = c.max(cos),
+            None => known.push((variant, cos)),
         }
     }
 }
@@ -165,16 +177,6 @@ fn overlaps(a: &str, b: &str, f: &TemporalFilter) -> bool {
     f.since.as_deref().is_none_or(|s| b >= s) && f.until.as_deref().is_none_or(|u| a <= u)
 }
 
-/// Runs one route and returns its candidates sorted by route score, best first.
-pub fn run_route(
-    ctx: &RouteContext<'_>,
-    route: &Route,
-    variant_texts: &[String],
-    variant_vectors: &[Vec<f32>],
-) -> Result<Vec<Scored>> {
-    run_route_timed(ctx, route, variant_texts, variant_vectors).map(|(c, _)| c)
-}
-
 /// Milliseconds spent in a route's recall (channels, node expansion) and scoring (resolving,
 /// bonuses, windows, rerank).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -183,13 +185,247 @@ pub struct RouteTimings {
     pub score_ms: f64,
 }
 
-/// [`run_route`] with its stage timings.
-pub fn run_route_timed(
+/// Added to every upper bound of a similarity (cosine) before it becomes a score bound: the
+/// store's search kernel and [`cosine`] compute the same similarity in different code, and an
+/// f16 index stores rounded vectors.
+const COS_MARGIN: f64 = 2e-3;
+
+/// Added to every score bound: f32 sums rounded differently.
+const SCORE_MARGIN: f32 = 1e-5;
+
+/// The records one search has resolved, shared by its routes: each record's item info and
+/// scoring vector are read once, however many routes found it.
+#[derive(Default)]
+pub struct ResolveCache {
+    /// `None`: the record no longer exists.
+    records: HashMap<String, Option<ItemInfo>>,
+    vectors: HashMap<String, Vec<f32>>,
+    session_dates: HashMap<String, Option<String>>,
+}
+
+impl ResolveCache {
+    /// How many distinct records have been resolved.
+    pub fn resolved(&self) -> usize {
+        self.records.len()
+    }
+
+    fn session_date(&mut self, ctx: &RouteContext<'_>, s: &SessionId) -> Result<Option<String>> {
+        if let Some(d) = self.session_dates.get(s.as_str()) {
+            return Ok(d.clone());
+        }
+        let d = ctx
+            .store
+            .session(ctx.ns, s)?
+            .and_then(|i| i.date)
+            .and_then(|d| lycheemem_core::date::normalize_date(&d).or(Some(d)));
+        self.session_dates.insert(s.to_string(), d.clone());
+        Ok(d)
+    }
+
+    /// Reads the records (and their vectors) not resolved yet, in one batch each.
+    fn fetch(&mut self, ctx: &RouteContext<'_>, ids: &[&str]) -> Result<()> {
+        let mut missing: Vec<String> = ids
+            .iter()
+            .filter(|id| !self.records.contains_key(**id))
+            .map(|id| id.to_string())
+            .collect();
+        missing.sort();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let mut records: HashMap<String, lycheemem_core::Record> = ctx
+            .store
+            .records(ctx.ns, &missing)?
+            .into_iter()
+            .map(|r| (r.record_id.clone(), r))
+            .collect();
+        let unscored: Vec<ItemRef> = missing
+            .iter()
+            .filter(|id| records.contains_key(*id) && !self.vectors.contains_key(*id))
+            .map(|id| ItemRef::Record(id.clone()))
+            .collect();
+        for (item, v) in unscored
+            .iter()
+            .zip(ctx.store.scoring_vectors(ctx.ns, &unscored)?)
+        {
+            if let (ItemRef::Record(id), Some(v)) = (item, v) {
+                self.vectors.insert(id.clone(), v);
+            }
+        }
+        for id in missing {
+            let info = match records.remove(&id) {
+                Some(r) => Some(ItemInfo {
+                    session_date: self.session_date(ctx, &r.source_session)?,
+                    session: r.source_session.to_string(),
+                    text: r.semantic_text,
+                    memory_type: Some(r.memory_type),
+                    role: Some(r.source_role),
+                    entities: r.entities,
+                    turns: r.evidence_turns,
+                    temporal: r.temporal,
+                    ..ItemInfo::default()
+                }),
+                None => None,
+            };
+            self.records.insert(id, info);
+        }
+        Ok(())
+    }
+}
+
+/// A record candidate not resolved yet, with upper bounds of what resolving it can give.
+struct Pending {
+    candidate: Scored,
+    /// Upper bound of its field score once resolved and given its bonuses.
+    field_ub: f32,
+    /// Upper bound of its route score (no rerank: an unresolved record is never in the rerank
+    /// pool, see [`RouteCandidates::settle`]).
+    score_ub: f32,
+}
+
+/// What bounds an unresolved record's scores: its similarity to the leading variants can be no
+/// higher than the angle to a variant that found it allows, and a bonus no higher than the
+/// largest one the question type and the route's time filter can give.
+struct Bounds {
+    lead: usize,
+    /// `cross[v][l]`: the cosine of variant `v` and leading variant `l`.
+    cross: Vec<Vec<f64>>,
+    bonus_ub: f64,
+    r_weight: f64,
+}
+
+impl Bounds {
+    fn new(ctx: &RouteContext<'_>, route: &Route, vectors: &[Vec<f32>], lead: usize) -> Self {
+        let cfg = ctx.cfg;
+        let lead = lead.min(vectors.len());
+        let cos64 = |a: &[f32], b: &[f32]| {
+            let (mut d, mut na, mut nb) = (0f64, 0f64, 0f64);
+            for (x, y) in a.iter().zip(b) {
+                let (x, y) = (f64::from(*x), f64::from(*y));
+                d += x * y;
+                na += x * x;
+                nb += y * y;
+            }
+            let n = (na * nb).sqrt();
+            if n > 0.0 { d / n } else { 0.0 }
+        };
+        let cross = vectors
+            .iter()
+            .map(|v| vectors[..lead].iter().map(|l| cos64(v, l)).collect())
+            .collect();
+        let type_bonus = match ctx.question_type {
+            QuestionType::PriorAssistantResponse => cfg.bonus_prior_assistant,
+            QuestionType::PersonalizedAdvice => cfg.bonus_personalized,
+            QuestionType::Temporal => cfg.bonus_temporal_fields,
+            QuestionType::Aggregate | QuestionType::Comparison => cfg.bonus_aggregate_event,
+            _ => 0.0,
+        };
+        let time_bonus = if route.temporal_filter.is_open() {
+            0.0
+        } else {
+            cfg.temporal_boost_record.max(cfg.temporal_boost_session)
+        };
+        Bounds {
+            lead,
+            cross,
+            bonus_ub: type_bonus.max(0.0) + time_bonus.max(0.0),
+            r_weight: cfg.route_r_weight.max(0.0),
+        }
+    }
+
+    /// Upper bound of `r` (the best similarity to a leading variant) of an item whose cosine to
+    /// some variants is known: on the unit sphere the angle to a leading variant is at least
+    /// the angle to the variant that found it minus the angle between the two variants.
+    fn r_ub(&self, known: &[(usize, f32)]) -> f32 {
+        let bound = |c: f32, between: f64| {
+            let a = f64::from(c).clamp(-1.0, 1.0).acos();
+            let b = between.clamp(-1.0, 1.0).acos();
+            if a <= b { 1.0 } else { (a - b).cos() }
+        };
+        (0..self.lead)
+            .map(|l| {
+                known
+                    .iter()
+                    .filter_map(|&(v, c)| self.cross.get(v).map(|x| bound(c, x[l])))
+                    .fold(1.0f64, f64::min)
+            })
+            .map(|c| r_of((c + COS_MARGIN).min(1.0) as f32))
+            .fold(0.0f32, f32::max)
+    }
+
+    fn pending(&self, cfg: &RetrievalConfig, candidate: Scored, known: &[(usize, f32)]) -> Pending {
+        let r_ub = self.r_ub(known);
+        let field = if candidate.queries_only {
+            record_field(cfg, r_ub)
+        } else {
+            f64::from(candidate.field)
+        };
+        let field_ub = (field + self.bonus_ub) as f32 + SCORE_MARGIN;
+        let score_ub = field_ub
+            + (self.r_weight * f64::from(r_ub) + variants_bonus(cfg, &candidate)) as f32
+            + SCORE_MARGIN;
+        Pending {
+            candidate,
+            field_ub,
+            score_ub,
+        }
+    }
+}
+
+fn variants_bonus(cfg: &RetrievalConfig, c: &Scored) -> f64 {
+    (cfg.route_variant_step * c.provenance.variants.len() as f64).min(cfg.route_variant_cap)
+}
+
+/// `route_score = (rerank or field) + route_r_weight·r + min(cap, step·#variants)`.
+fn set_route_score(cfg: &RetrievalConfig, c: &mut Scored) {
+    let base = c.rerank.unwrap_or(c.field);
+    c.route_score = base + (cfg.route_r_weight as f32) * c.r + variants_bonus(cfg, c) as f32;
+}
+
+fn by_route_score(a: &Scored, b: &Scored) -> std::cmp::Ordering {
+    b.route_score
+        .total_cmp(&a.route_score)
+        .then(a.target.cmp(&b.target))
+}
+
+/// The `n`-th largest of `values` (1-based), if there are that many.
+fn nth_largest(mut values: Vec<f32>, n: usize) -> Option<f32> {
+    if n == 0 || values.len() < n {
+        return None;
+    }
+    values.select_nth_unstable_by(n - 1, |a, b| b.total_cmp(a));
+    Some(values[n - 1])
+}
+
+/// One route's candidates between recall and fusion. Raw turns are resolved at once (they are
+/// few); records are resolved lazily, best upper bound of their route score first, until what
+/// fusion and selection read is settled: the window anchors, the rerank pool, the route's top
+/// `depth` (its RRF ranks), and whatever selection reaches ([`RouteCandidates::resolve_more`]).
+/// Resolving every record gives the same list with the unresolved tail filled in.
+pub struct RouteCandidates<'r> {
+    route: &'r Route,
+    lead_vectors: Vec<Vec<f32>>,
+    /// Resolved and scored: raw turns, records as they are resolved, windows once built.
+    exact: Vec<Scored>,
+    /// Unresolved records, best `score_ub` first.
+    pending: std::collections::VecDeque<Pending>,
+    windows_built: bool,
+    /// Reranked (when there is a reranker) and route scores set.
+    scored: bool,
+    /// Candidates recall found (records and raw turns, before windows).
+    pub found: usize,
+    pub timings: RouteTimings,
+}
+
+/// Runs a route's recall: the channels, node expansion, and the raw turns resolved.
+pub fn recall_route<'r>(
     ctx: &RouteContext<'_>,
-    route: &Route,
+    route: &'r Route,
     variant_texts: &[String],
     variant_vectors: &[Vec<f32>],
-) -> Result<(Vec<Scored>, RouteTimings)> {
+    cache: &mut ResolveCache,
+) -> Result<RouteCandidates<'r>> {
     let started = std::time::Instant::now();
     let cfg = ctx.cfg;
     let profile = cfg.types.get(ctx.question_type);
@@ -202,6 +438,7 @@ pub fn run_route_timed(
     let mut pool = Pool {
         items: BTreeMap::new(),
         lead_field: BTreeMap::new(),
+        cos: HashMap::new(),
         lead,
     };
     let rid = route.route_id.as_str();
@@ -227,36 +464,251 @@ pub fn run_route_timed(
     if cfg.channel_lexical {
         recall_lexical(ctx, variant_texts, &budget, profile, &mut pool, rid)?;
     }
-    // Record vectors node expansion read already; scoring reuses them.
-    let known = if node_hits.is_empty() {
-        HashMap::new()
-    } else {
-        expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool, rid)?
-    };
+    if !node_hits.is_empty() {
+        // Record vectors node expansion read already; resolving reuses them.
+        let known = expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool, rid)?;
+        for (id, v) in known {
+            cache.vectors.entry(id).or_insert(v);
+        }
+    }
+    let lead_vectors = variant_vectors[..lead.min(variant_vectors.len())].to_vec();
+    let bounds = Bounds::new(ctx, route, variant_vectors, lead);
     let Pool {
-        items, lead_field, ..
+        items,
+        lead_field,
+        cos,
+        ..
     } = pool;
-    let candidates: Vec<Scored> = items
-        .into_values()
-        .map(|mut c| {
-            match lead_field.get(&c.target) {
-                Some(&f) => c.field = f,
-                None => c.queries_only = true,
-            }
-            c
-        })
-        .collect();
+    let mut turns = Vec::new();
+    let mut pending = Vec::new();
+    for mut c in items.into_values() {
+        match lead_field.get(&c.target) {
+            Some(&f) => c.field = f,
+            None => c.queries_only = true,
+        }
+        if c.is_raw() {
+            turns.push(c);
+        } else {
+            let known = cos.get(&c.target).map(Vec::as_slice).unwrap_or(&[]);
+            pending.push(bounds.pending(cfg, c, known));
+        }
+    }
+    pending.sort_by(|a, b| {
+        b.score_ub
+            .total_cmp(&a.score_ub)
+            .then(a.candidate.target.cmp(&b.candidate.target))
+    });
+    let found = turns.len() + pending.len();
     let recall_ms = started.elapsed().as_secs_f64() * 1e3;
-    let lead_vectors = &variant_vectors[..lead.min(variant_vectors.len())];
-    let candidates = score_route(ctx, route, candidates, lead_vectors, profile, &known)?;
-    let score_ms = started.elapsed().as_secs_f64() * 1e3 - recall_ms;
-    Ok((
-        candidates,
-        RouteTimings {
+    resolve_turns(ctx, cache, &mut turns, &lead_vectors, profile)?;
+    apply_bonuses(ctx, &mut turns, &route.temporal_filter);
+    Ok(RouteCandidates {
+        route,
+        lead_vectors,
+        exact: turns,
+        pending: pending.into(),
+        windows_built: false,
+        scored: false,
+        found,
+        timings: RouteTimings {
             recall_ms,
-            score_ms,
+            score_ms: started.elapsed().as_secs_f64() * 1e3 - recall_ms,
         },
-    ))
+    })
+}
+
+/// Records resolved per step at first; each further step resolves as many as all before it.
+const RESOLVE_STEP: usize = 64;
+
+impl RouteCandidates<'_> {
+    /// Resolves records (best bound first) until the window anchors, the rerank pool and the
+    /// route's top `depth` by route score are settled, builds the windows, reranks and scores;
+    /// `eager` resolves every record first (the list is then complete).
+    pub fn settle(
+        &mut self,
+        ctx: &RouteContext<'_>,
+        cache: &mut ResolveCache,
+        depth: usize,
+        eager: bool,
+    ) -> Result<()> {
+        let started = std::time::Instant::now();
+        let cfg = ctx.cfg;
+        let profile = cfg.types.get(ctx.question_type);
+        loop {
+            let done = self.pending.is_empty();
+            if !self.windows_built && (done || self.anchors_settled(ctx)) {
+                let exact = std::mem::take(&mut self.exact);
+                let rid = self.route.route_id.as_str();
+                self.exact = add_windows(ctx, exact, &self.lead_vectors, profile, rid)?;
+                self.windows_built = true;
+            }
+            if self.windows_built && !self.scored && (done || self.rerank_settled(ctx)) {
+                if cfg.rerank
+                    && let Some(reranker) = ctx.reranker
+                {
+                    rerank(ctx, reranker, self.route, &mut self.exact)?;
+                }
+                for c in &mut self.exact {
+                    set_route_score(cfg, c);
+                }
+                self.scored = true;
+            }
+            if self.scored && (done || self.order_settled(depth)) {
+                break;
+            }
+            let step = if eager {
+                self.pending.len()
+            } else {
+                RESOLVE_STEP.max(cache.resolved())
+            };
+            self.resolve_next(ctx, cache, step)?;
+        }
+        self.timings.score_ms += started.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+
+    /// Resolves the next `n` records by bound (after [`RouteCandidates::settle`]).
+    pub fn resolve_more(
+        &mut self,
+        ctx: &RouteContext<'_>,
+        cache: &mut ResolveCache,
+        n: usize,
+    ) -> Result<()> {
+        let started = std::time::Instant::now();
+        self.resolve_next(ctx, cache, n)?;
+        self.timings.score_ms += started.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+
+    /// Resolves this route's unresolved records that `cache` holds already (another route
+    /// resolved them), so every resolved record is scored by every route that found it.
+    pub fn resolve_cached(
+        &mut self,
+        ctx: &RouteContext<'_>,
+        cache: &mut ResolveCache,
+    ) -> Result<()> {
+        let started = std::time::Instant::now();
+        let (ready, left): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| match &p.candidate.target {
+                CandidateTarget::Record { record_id } => cache.records.contains_key(record_id),
+                CandidateTarget::Turns { .. } => true,
+            });
+        self.pending = left.into();
+        self.resolve_batch(ctx, cache, ready)?;
+        self.timings.score_ms += started.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+
+    /// The resolved candidates, best route score first.
+    pub fn list(&self) -> Vec<Scored> {
+        let mut list = self.exact.clone();
+        list.sort_by(by_route_score);
+        list
+    }
+
+    /// The highest route score an unresolved record could have (`None`: all resolved).
+    pub fn pending_bound(&self) -> Option<f32> {
+        self.pending.front().map(|p| p.score_ub)
+    }
+
+    fn max_field_ub(&self) -> f32 {
+        self.pending
+            .iter()
+            .map(|p| p.field_ub)
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// The window anchors (the best `window_anchors` records with turns, by field) are all
+    /// resolved: no unresolved record can reach the last one's field.
+    fn anchors_settled(&self, ctx: &RouteContext<'_>) -> bool {
+        let cfg = ctx.cfg;
+        let profile = cfg.types.get(ctx.question_type);
+        if !cfg.channel_turns || profile.window == 0 || cfg.window_anchors == 0 {
+            return true;
+        }
+        let fields = self
+            .exact
+            .iter()
+            .filter(|c| !c.is_raw() && !c.info.turns.is_empty())
+            .map(|c| c.field)
+            .collect();
+        nth_largest(fields, cfg.window_anchors).is_some_and(|f| f > self.max_field_ub())
+    }
+
+    /// The rerank pool (the best `max(rerank_floor, rerank_factor·k)` by field) is resolved.
+    fn rerank_settled(&self, ctx: &RouteContext<'_>) -> bool {
+        let cfg = ctx.cfg;
+        if !cfg.rerank || ctx.reranker.is_none() {
+            return true;
+        }
+        let n = cfg.rerank_floor.max(cfg.rerank_factor * ctx.k);
+        let fields = self.exact.iter().map(|c| c.field).collect();
+        nth_largest(fields, n).is_some_and(|f| f > self.max_field_ub())
+    }
+
+    /// The route's top `depth` by route score is resolved.
+    fn order_settled(&self, depth: usize) -> bool {
+        let Some(bound) = self.pending_bound() else {
+            return true;
+        };
+        let scores = self.exact.iter().map(|c| c.route_score).collect();
+        nth_largest(scores, depth.max(1)).is_some_and(|s| s > bound)
+    }
+
+    fn resolve_next(
+        &mut self,
+        ctx: &RouteContext<'_>,
+        cache: &mut ResolveCache,
+        n: usize,
+    ) -> Result<()> {
+        let n = n.min(self.pending.len());
+        let batch: Vec<Pending> = self.pending.drain(..n).collect();
+        self.resolve_batch(ctx, cache, batch)
+    }
+
+    fn resolve_batch(
+        &mut self,
+        ctx: &RouteContext<'_>,
+        cache: &mut ResolveCache,
+        batch: Vec<Pending>,
+    ) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let cfg = ctx.cfg;
+        let profile = cfg.types.get(ctx.question_type);
+        let ids: Vec<&str> = batch
+            .iter()
+            .filter_map(|p| match &p.candidate.target {
+                CandidateTarget::Record { record_id } => Some(record_id.as_str()),
+                CandidateTarget::Turns { .. } => None,
+            })
+            .collect();
+        cache.fetch(ctx, &ids)?;
+        for p in batch {
+            let mut c = p.candidate;
+            let CandidateTarget::Record { record_id } = &c.target else {
+                continue;
+            };
+            let Some(Some(info)) = cache.records.get(record_id) else {
+                continue;
+            };
+            c.info = info.clone();
+            let vector = cache.vectors.get(record_id).map(Vec::as_slice);
+            finish(ctx, &mut c, vector, &self.lead_vectors, profile);
+            apply_bonuses(
+                ctx,
+                std::slice::from_mut(&mut c),
+                &self.route.temporal_filter,
+            );
+            if self.scored {
+                set_route_score(cfg, &mut c);
+            }
+            self.exact.push(c);
+        }
+        Ok(())
+    }
 }
 
 /// How many candidates each recall channel asks for (docs/algorithm.md, "Recall budgets and
@@ -363,6 +815,9 @@ fn recall_nearest(
                 ItemRef::Turn(t) => turn_target(t),
                 ItemRef::Node(_) => continue,
             };
+            if !matches!(t, CandidateTarget::Turns { .. }) {
+                pool.similarity(&t, vi, h.score);
+            }
             pool.hit(t, field(r_of(h.score)) as f32, channel, Some(vi), None, rid);
         }
     }
@@ -445,16 +900,18 @@ fn expand_nodes(
             continue;
         };
         let query = &variant_vectors[*vi];
-        let scored: Vec<(f32, String)> = if let Some(members) = node {
-            let mut s: Vec<(f32, String)> = members
+        // (r, cosine, record id)
+        let scored: Vec<(f32, f32, String)> = if let Some(members) = node {
+            let mut s: Vec<(f32, f32, String)> = members
                 .iter()
                 .filter_map(|id| {
-                    vectors
-                        .get(id)
-                        .map(|v| (r_of(cosine(v, query)), id.clone()))
+                    vectors.get(id).map(|v| {
+                        let cos = cosine(v, query);
+                        (r_of(cos), cos, id.clone())
+                    })
                 })
                 .collect();
-            s.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            s.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)));
             s.truncate(rec_n);
             s
         } else {
@@ -462,15 +919,17 @@ fn expand_nodes(
                 .vector_search_node(ctx.ns, node_id, query, rec_n)?
                 .into_iter()
                 .filter_map(|h| match h.item {
-                    ItemRef::Record(id) => Some((r_of(h.score), id)),
+                    ItemRef::Record(id) => Some((r_of(h.score), h.score, id)),
                     _ => None,
                 })
                 .collect()
         };
-        for (r, id) in scored {
+        for (r, cos, id) in scored {
             let field = node_weight(*kind, cfg) + cfg.record_scale * f64::from(r);
+            let target = record_target(&id);
+            pool.similarity(&target, *vi, cos);
             pool.hit(
-                record_target(&id),
+                target,
                 field as f32,
                 Channel::EvidenceNode,
                 Some(*vi),
@@ -482,176 +941,95 @@ fn expand_nodes(
     Ok(vectors)
 }
 
-/// A route's candidates resolved (texts, dates, sessions), given their bonuses, joined by their
-/// source windows, optionally reranked, and scored and sorted for fusion. `variant_vectors` are
-/// the variants relevance is measured against; `known` holds record vectors read already.
-fn score_route(
+/// Fills in each raw-turn candidate's turns (the hit with its context turns), role bonus and
+/// best similarity `r` over the variants; drops hits whose turn no longer exists.
+fn resolve_turns(
     ctx: &RouteContext<'_>,
-    route: &Route,
-    mut candidates: Vec<Scored>,
-    variant_vectors: &[Vec<f32>],
-    profile: &TypeProfile,
-    known: &HashMap<String, Vec<f32>>,
-) -> Result<Vec<Scored>> {
-    let cfg = ctx.cfg;
-    let rid = route.route_id.as_str();
-    resolve(ctx, &mut candidates, variant_vectors, profile, known)?;
-    apply_bonuses(ctx, &mut candidates, &route.temporal_filter);
-    let mut candidates = add_windows(ctx, candidates, variant_vectors, profile, rid)?;
-    if cfg.rerank
-        && let Some(reranker) = ctx.reranker
-    {
-        rerank(ctx, reranker, route, &mut candidates)?;
-    }
-    for c in &mut candidates {
-        let base = c.rerank.unwrap_or(c.field);
-        let variants_bonus = (cfg.route_variant_step * c.provenance.variants.len() as f64)
-            .min(cfg.route_variant_cap);
-        c.route_score = base + (cfg.route_r_weight as f32) * c.r + variants_bonus as f32;
-    }
-    candidates.sort_by(|a, b| {
-        b.route_score
-            .total_cmp(&a.route_score)
-            .then(a.target.cmp(&b.target))
-    });
-    Ok(candidates)
-}
-
-/// Fills in each candidate's item info and its best similarity `r` over the variants; drops
-/// candidates whose item no longer exists. Record vectors in `known` are not read again.
-fn resolve(
-    ctx: &RouteContext<'_>,
+    cache: &mut ResolveCache,
     candidates: &mut Vec<Scored>,
     variant_vectors: &[Vec<f32>],
     profile: &TypeProfile,
-    known: &HashMap<String, Vec<f32>>,
 ) -> Result<()> {
-    let mut session_dates: BTreeMap<String, Option<String>> = BTreeMap::new();
-    let mut session_date = |s: &SessionId| -> Result<Option<String>> {
-        if let Some(d) = session_dates.get(s.as_str()) {
-            return Ok(d.clone());
-        }
-        let d = ctx
-            .store
-            .session(ctx.ns, s)?
-            .and_then(|i| i.date)
-            .and_then(|d| lycheemem_core::date::normalize_date(&d).or(Some(d)));
-        session_dates.insert(s.to_string(), d.clone());
-        Ok(d)
-    };
-    let record_ids: Vec<String> = candidates
-        .iter()
-        .filter_map(|c| match &c.target {
-            CandidateTarget::Record { record_id } => Some(record_id.clone()),
-            _ => None,
-        })
-        .collect();
-    let records: HashMap<String, lycheemem_core::Record> = ctx
-        .store
-        .records(ctx.ns, &record_ids)?
-        .into_iter()
-        .map(|r| (r.record_id.clone(), r))
-        .collect();
     let mut items: Vec<ItemRef> = Vec::with_capacity(candidates.len());
     let mut keep = Vec::with_capacity(candidates.len());
     for c in candidates.iter_mut() {
-        match &c.target {
-            CandidateTarget::Record { record_id } => {
-                let Some(r) = records.get(record_id) else {
-                    keep.push(false);
-                    continue;
-                };
-                c.info.session = r.source_session.to_string();
-                c.info.session_date = session_date(&r.source_session)?;
-                c.info.text = r.semantic_text.clone();
-                c.info.memory_type = Some(r.memory_type);
-                c.info.role = Some(r.source_role);
-                c.info.entities = r.entities.clone();
-                c.info.turns = r.evidence_turns.clone();
-                c.info.temporal = r.temporal.clone();
-                items.push(ItemRef::Record(record_id.clone()));
-                keep.push(true);
-            }
-            CandidateTarget::Turns { first, .. } => {
-                // The hit with its context turns (`raw_turn_context_before` / `_after`).
-                let hit = first.clone();
-                let turns = ctx.store.turn_range(
-                    ctx.ns,
-                    &hit.session,
-                    hit.index.saturating_sub(ctx.cfg.raw_turn_context_before),
-                    hit.index.saturating_add(ctx.cfg.raw_turn_context_after),
-                )?;
-                let (Some(t), Some(head), Some(tail)) = (
-                    turns.iter().find(|t| t.index == hit.index),
-                    turns.first(),
-                    turns.last(),
-                ) else {
-                    keep.push(false);
-                    continue;
-                };
-                c.target = CandidateTarget::Turns {
-                    first: head.turn_ref(),
-                    last_index: tail.index,
-                };
-                c.info.session = t.session.to_string();
-                c.info.session_date = session_date(&t.session)?;
-                c.info.dialogue = turns.iter().map(turn_search_text).collect();
-                c.info.text = c.info.dialogue.join("\n");
-                c.info.focus = vec![hit.index];
-                c.info.role = Some(match t.role {
-                    Role::Assistant => SourceRole::Assistant,
-                    _ => SourceRole::User,
-                });
-                c.info.turns = turns.iter().map(|t| t.index).collect();
-                c.field += role_bonus(t.role, profile) as f32;
-                // Scored on the hit's own vector.
-                items.push(ItemRef::Turn(hit));
-                keep.push(true);
-            }
-        }
+        let CandidateTarget::Turns { first, .. } = &c.target else {
+            keep.push(false);
+            continue;
+        };
+        // The hit with its context turns (`raw_turn_context_before` / `_after`).
+        let hit = first.clone();
+        let turns = ctx.store.turn_range(
+            ctx.ns,
+            &hit.session,
+            hit.index.saturating_sub(ctx.cfg.raw_turn_context_before),
+            hit.index.saturating_add(ctx.cfg.raw_turn_context_after),
+        )?;
+        let (Some(t), Some(head), Some(tail)) = (
+            turns.iter().find(|t| t.index == hit.index),
+            turns.first(),
+            turns.last(),
+        ) else {
+            keep.push(false);
+            continue;
+        };
+        c.target = CandidateTarget::Turns {
+            first: head.turn_ref(),
+            last_index: tail.index,
+        };
+        c.info.session = t.session.to_string();
+        c.info.session_date = cache.session_date(ctx, &t.session)?;
+        c.info.dialogue = turns.iter().map(turn_search_text).collect();
+        c.info.text = c.info.dialogue.join("\n");
+        c.info.focus = vec![hit.index];
+        c.info.role = Some(match t.role {
+            Role::Assistant => SourceRole::Assistant,
+            _ => SourceRole::User,
+        });
+        c.info.turns = turns.iter().map(|t| t.index).collect();
+        c.field += role_bonus(t.role, profile) as f32;
+        // Scored on the hit's own vector.
+        items.push(ItemRef::Turn(hit));
+        keep.push(true);
     }
     let mut flags = keep.into_iter();
     candidates.retain(|_| flags.next().unwrap_or(false));
-    let known_vector = |item: &ItemRef| match item {
-        ItemRef::Record(id) => known.get(id).map(Vec::as_slice),
-        ItemRef::Turn(_) | ItemRef::Node(_) => None,
-    };
-    let missing: Vec<ItemRef> = items
-        .iter()
-        .filter(|i| known_vector(i).is_none())
-        .cloned()
-        .collect();
-    let mut fetched = ctx.store.scoring_vectors(ctx.ns, &missing)?.into_iter();
-    let vectors: Vec<Option<std::borrow::Cow<'_, [f32]>>> = items
-        .iter()
-        .map(|item| match known_vector(item) {
-            Some(v) => Some(std::borrow::Cow::Borrowed(v)),
-            None => fetched.next().flatten().map(std::borrow::Cow::Owned),
-        })
-        .collect();
+    let vectors = ctx.store.scoring_vectors(ctx.ns, &items)?;
     for (c, v) in candidates.iter_mut().zip(vectors) {
-        if let Some(v) = v {
-            c.r = variant_vectors
-                .iter()
-                .map(|q| r_of(cosine(&v, q)))
-                .fold(0.0f32, f32::max);
-        }
-        if c.queries_only {
-            // Found by the planner's queries alone: scored as the record or raw-turn channel
-            // scores a hit of the question (its similarity to the leading variants).
-            c.field = match (&c.target, c.info.role) {
-                (CandidateTarget::Record { .. }, _) => record_field(ctx.cfg, c.r),
-                (CandidateTarget::Turns { .. }, role) => {
-                    let bonus = match role {
-                        Some(SourceRole::Assistant) => role_bonus(Role::Assistant, profile),
-                        _ => role_bonus(Role::User, profile),
-                    };
-                    turn_field(ctx.cfg, profile, c.r) + bonus
-                }
-            } as f32;
-        }
+        finish(ctx, c, v.as_deref(), variant_vectors, profile);
     }
     Ok(())
+}
+
+/// A resolved candidate's best similarity `r` over the variants relevance is measured against
+/// and, when only the planner's queries found it, its field score from that similarity.
+fn finish(
+    ctx: &RouteContext<'_>,
+    c: &mut Scored,
+    vector: Option<&[f32]>,
+    variant_vectors: &[Vec<f32>],
+    profile: &TypeProfile,
+) {
+    if let Some(v) = vector {
+        c.r = variant_vectors
+            .iter()
+            .map(|q| r_of(cosine(v, q)))
+            .fold(0.0f32, f32::max);
+    }
+    if c.queries_only {
+        // Found by the planner's queries alone: scored as the record or raw-turn channel
+        // scores a hit of the question (its similarity to the leading variants).
+        c.field = match (&c.target, c.info.role) {
+            (CandidateTarget::Record { .. }, _) => record_field(ctx.cfg, c.r),
+            (CandidateTarget::Turns { .. }, role) => {
+                let bonus = match role {
+                    Some(SourceRole::Assistant) => role_bonus(Role::Assistant, profile),
+                    _ => role_bonus(Role::User, profile),
+                };
+                turn_field(ctx.cfg, profile, c.r) + bonus
+            }
+        } as f32;
+    }
 }
 
 /// Type bonuses and the temporal boost.

@@ -678,7 +678,9 @@ pub(super) fn search_licomemory(
 }
 
 /// A memory variant's retrieval for one question, with the logged plan (or none when the
-/// variant does not plan), traced for the stage table.
+/// variant does not plan): the search users run (records resolved lazily; its evidence and
+/// latency are the prediction's), then the same search traced for the stage table, which
+/// resolves every candidate — and must choose the same evidence.
 pub(super) fn search_memory(
     ctx: &RunContext,
     v: &Variant,
@@ -695,20 +697,28 @@ pub(super) fn search_memory(
         planner: None,
         cfg: &v.config.retrieval,
     };
-    let result = retriever.search(
-        ns,
-        &SearchRequest {
-            question: &q.question,
-            context: "",
-            reference_date: q.date.as_deref(),
-            top_k: ctx.spec.top_k,
-            plan: cached_plan.map(|p| &p.plan),
-            trace: true,
-            cancel: Default::default(),
-        },
-    )?;
+    let mut request = SearchRequest {
+        question: &q.question,
+        context: "",
+        reference_date: q.date.as_deref(),
+        top_k: ctx.spec.top_k,
+        plan: cached_plan.map(|p| &p.plan),
+        trace: false,
+        cancel: Default::default(),
+    };
+    let result = retriever.search(ns, &request)?;
+    request.trace = true;
+    let traced = retriever.search(ns, &request)?;
+    if traced.evidence != result.evidence {
+        anyhow::bail!(
+            "{} / {}: the traced search (every candidate resolved) chose other evidence than \
+             the lazy one; lazy resolution is not exact here",
+            item.id,
+            q.id
+        );
+    }
     let mut p = base_prediction(v, item, q, &result.evidence, result.retrieval_ms());
-    p.stages = stage_scores(q, &result.stages);
+    p.stages = stage_scores(q, &traced.stages);
     if let Some(c) = cached_plan {
         p.plan_tokens = c.usage.as_ref().map_or(0, tokens);
         p.llm_calls += u32::from(c.usage.is_some());
