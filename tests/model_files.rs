@@ -4,10 +4,13 @@
 use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
 use lycheemem_models::{FetchSource, ModelError, ModelStore};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn repo_models() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models")
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../models")
 }
 
 /// A private models folder holding a copy of the verified MiniLM files.

@@ -4,7 +4,6 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use lycheemem_embed::{BertEmbedder, Embedder, EmbedderOptions};
 use lycheemem_models::{FetchSource, ModelStore};
-use std::path::Path;
 
 fn texts(n: usize) -> Vec<String> {
     let subjects = [
@@ -35,7 +34,7 @@ fn texts(n: usize) -> Vec<String> {
 }
 
 fn bench(c: &mut Criterion) {
-    let store = ModelStore::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../models"))
+    let store = ModelStore::open(lycheemem_testkit::manifest_dir().join("../models"))
         .expect("models/manifest.toml");
     let dir = store
         .ensure(

@@ -30,8 +30,8 @@ fn main() -> anyhow::Result<()> {
     let sessions: usize = arg("--sessions", "4").parse()?;
     let batch: usize = arg("--batch", "8").parse()?;
     let item_id = arg("--item", "conv-26");
-    let default_data = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/benchmarks/locomo/locomo_dev8.json");
+    let default_data =
+        lycheemem_testkit::manifest_dir().join("../../shared/benchmarks/locomo/locomo_dev8.json");
     let data_path = PathBuf::from(arg("--dataset", &default_data.display().to_string()));
     let gguf = match arg("--llm", "") {
         s if s.is_empty() => {

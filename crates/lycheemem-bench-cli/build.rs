@@ -35,6 +35,13 @@ fn main() {
         for f in ["HEAD", "index"] {
             println!("cargo:rerun-if-changed={git_dir}/{f}");
         }
+    } else {
+        // git could not answer here (not installed, or it refuses the directory's owner): still
+        // watch the usual place, so another checkout sharing the target directory where git
+        // works does not reuse this "unknown".
+        for f in ["HEAD", "index"] {
+            println!("cargo:rerun-if-changed=../../.git/{f}");
+        }
     }
     let commit = match git(&root, &["rev-parse", "--short", "HEAD"]) {
         Some(id) => {

@@ -1150,8 +1150,7 @@ fn licomemory_variants_build_their_graphs_and_retrieve_the_evidence_chunks() {
 /// instead of the real driver.
 fn fake_peer_python(dir: &std::path::Path) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_peer.py");
+    let script = lycheemem_testkit::manifest_dir().join("tests/fixtures/fake_peer.py");
     let python = dir.join("fake-venv/bin/python");
     std::fs::create_dir_all(python.parent().unwrap()).unwrap();
     std::fs::write(

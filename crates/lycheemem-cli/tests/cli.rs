@@ -8,7 +8,7 @@ fn lycheemem() -> Command {
     let mut cmd = Command::cargo_bin("lycheemem").unwrap();
     cmd.env(
         "LYCHEEMEM_MODELS",
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        lycheemem_testkit::manifest_dir().join("../../models"),
     );
     cmd
 }
@@ -53,7 +53,7 @@ fn bad_flag_combinations_are_rejected() {
     // A private, empty models folder so the fetch has to read the given source.
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/manifest.toml"),
+        lycheemem_testkit::manifest_dir().join("../../models/manifest.toml"),
         tmp.path().join("manifest.toml"),
     )
     .unwrap();
@@ -380,7 +380,7 @@ fn memory_commands_end_to_end(tmp: &Path, store: &StoreAt) {
     let mut child = inspect
         .env(
             "LYCHEEMEM_MODELS",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+            lycheemem_testkit::manifest_dir().join("../../models"),
         )
         .env_remove("LYCHEEMEM_NAMESPACE")
         .args(["inspect", "-n", "alice", "records"])
@@ -602,7 +602,7 @@ fn mcp_over_stdio_answers_tools_and_parse_errors() {
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lycheemem"))
         .env(
             "LYCHEEMEM_MODELS",
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+            lycheemem_testkit::manifest_dir().join("../../models"),
         )
         .env("LYCHEEMEM_STORE", tmp.path().join("store"))
         .env("LYCHEEMEM_LLM", format!("openai:fake@{url}"))

@@ -34,7 +34,7 @@ fn lycheemem_cmd(setup: &Setup) -> Command {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("lycheemem"));
     cmd.env(
         "LYCHEEMEM_MODELS",
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        lycheemem_testkit::manifest_dir().join("../../models"),
     )
     .env("LYCHEEMEM_STORE", &setup.store_url)
     .env("LYCHEEMEM_CONFIG", &setup.config)

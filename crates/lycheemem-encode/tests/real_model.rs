@@ -6,13 +6,11 @@ use lycheemem_core::{FinalizeReason, Namespace, Role, Segment, SessionId, Turn};
 use lycheemem_encode::{ReferenceContext, SegmentEncoder, SegmentInput};
 use lycheemem_llm::{LocalLlm, LocalOptions};
 use lycheemem_models::{FetchSource, ModelStore};
-use std::path::Path;
 use std::sync::Arc;
 
 #[test]
 fn qwen_0_5b_encodes_a_dated_dialogue() {
-    let store =
-        ModelStore::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")).unwrap();
+    let store = ModelStore::open(lycheemem_testkit::manifest_dir().join("../../models")).unwrap();
     let gguf = store
         .ensure(
             "qwen2.5-coder-0.5b-instruct",

@@ -7,12 +7,17 @@ use lycheemem_llm::{
 };
 use lycheemem_models::{FetchSource, ModelStore};
 use serde_json::json;
-use std::path::Path;
 use std::sync::OnceLock;
 
 fn gguf() -> std::path::PathBuf {
-    let store =
-        ModelStore::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")).unwrap();
+    let store = ModelStore::open(
+        std::path::PathBuf::from(
+            std::env::var_os("CARGO_MANIFEST_DIR")
+                .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+        )
+        .join("../../models"),
+    )
+    .unwrap();
     store
         .ensure(
             "smollm2-135m-instruct",

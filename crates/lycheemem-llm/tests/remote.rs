@@ -304,7 +304,11 @@ fn invalid_structured_output_twice_is_an_error() {
 fn a_config_spec_selects_the_remote_backend() {
     let (url, _) = server(vec![ok("via spec", true)]);
     let models = lycheemem_models::ModelStore::open(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"),
+        std::path::PathBuf::from(
+            std::env::var_os("CARGO_MANIFEST_DIR")
+                .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+        )
+        .join("../../models"),
     )
     .unwrap();
     let llm = lycheemem_llm::open_llm(

