@@ -7,10 +7,7 @@ use std::fs;
 use std::path::PathBuf;
 
 fn repo_models() -> PathBuf {
-    std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-    )
-    .join("../models")
+    lycheemem_models::default_models_dir()
 }
 
 /// A private models folder holding a copy of the verified MiniLM files.

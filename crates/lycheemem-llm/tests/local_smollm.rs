@@ -10,14 +10,7 @@ use serde_json::json;
 use std::sync::OnceLock;
 
 fn gguf() -> std::path::PathBuf {
-    let store = ModelStore::open(
-        std::path::PathBuf::from(
-            std::env::var_os("CARGO_MANIFEST_DIR")
-                .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-        )
-        .join("../../models"),
-    )
-    .unwrap();
+    let store = ModelStore::open(lycheemem_models::default_models_dir()).unwrap();
     store
         .ensure(
             "smollm2-135m-instruct",

@@ -303,14 +303,8 @@ fn invalid_structured_output_twice_is_an_error() {
 #[test]
 fn a_config_spec_selects_the_remote_backend() {
     let (url, _) = server(vec![ok("via spec", true)]);
-    let models = lycheemem_models::ModelStore::open(
-        std::path::PathBuf::from(
-            std::env::var_os("CARGO_MANIFEST_DIR")
-                .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-        )
-        .join("../../models"),
-    )
-    .unwrap();
+    let models =
+        lycheemem_models::ModelStore::open(lycheemem_models::default_models_dir()).unwrap();
     let llm = lycheemem_llm::open_llm(
         &format!("openai:test-model@{url}"),
         &models,

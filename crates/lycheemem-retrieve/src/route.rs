@@ -284,6 +284,15 @@ struct Pending {
     score_ub: f32,
 }
 
+impl Pending {
+    fn record_id(&self) -> Option<&str> {
+        match &self.candidate.target {
+            CandidateTarget::Record { record_id } => Some(record_id),
+            CandidateTarget::Turns { .. } => None,
+        }
+    }
+}
+
 /// What bounds an unresolved record's scores: its similarity to the leading variants can be no
 /// higher than the angle to a variant that found it allows, and a bonus no higher than the
 /// largest one the question type and the route's time filter can give.
@@ -574,10 +583,7 @@ impl RouteCandidates<'_> {
         cache: &mut ResolveCache,
         n: usize,
     ) -> Result<()> {
-        let started = std::time::Instant::now();
-        self.resolve_next(ctx, cache, n)?;
-        self.timings.score_ms += started.elapsed().as_secs_f64() * 1e3;
-        Ok(())
+        self.timed(|route| route.resolve_next(ctx, cache, n))
     }
 
     /// Resolves this route's unresolved records that `cache` holds already (another route
@@ -587,17 +593,24 @@ impl RouteCandidates<'_> {
         ctx: &RouteContext<'_>,
         cache: &mut ResolveCache,
     ) -> Result<()> {
+        self.timed(|route| {
+            let (ready, left): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut route.pending)
+                .into_iter()
+                .partition(|p| {
+                    p.record_id()
+                        .is_some_and(|id| cache.records.contains_key(id))
+                });
+            route.pending = left.into();
+            route.resolve_batch(ctx, cache, ready)
+        })
+    }
+
+    /// Runs `step`, counting its time as scoring.
+    fn timed(&mut self, step: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
         let started = std::time::Instant::now();
-        let (ready, left): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.pending)
-            .into_iter()
-            .partition(|p| match &p.candidate.target {
-                CandidateTarget::Record { record_id } => cache.records.contains_key(record_id),
-                CandidateTarget::Turns { .. } => true,
-            });
-        self.pending = left.into();
-        self.resolve_batch(ctx, cache, ready)?;
+        let outcome = step(self);
         self.timings.score_ms += started.elapsed().as_secs_f64() * 1e3;
-        Ok(())
+        outcome
     }
 
     /// The resolved candidates, best route score first.
@@ -678,13 +691,7 @@ impl RouteCandidates<'_> {
         }
         let cfg = ctx.cfg;
         let profile = cfg.types.get(ctx.question_type);
-        let ids: Vec<&str> = batch
-            .iter()
-            .filter_map(|p| match &p.candidate.target {
-                CandidateTarget::Record { record_id } => Some(record_id.as_str()),
-                CandidateTarget::Turns { .. } => None,
-            })
-            .collect();
+        let ids: Vec<&str> = batch.iter().filter_map(Pending::record_id).collect();
         cache.fetch(ctx, &ids)?;
         for p in batch {
             let mut c = p.candidate;

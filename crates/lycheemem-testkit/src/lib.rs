@@ -246,14 +246,10 @@ pub fn manifest_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
-/// The repository's `models/` folder: the nearest one holding a `manifest.toml` above the
-/// package under test.
+/// The repository's `models/` folder (`LYCHEEMEM_MODELS`, else the nearest one holding a
+/// `manifest.toml` above the directory cargo runs the test in: the package under test).
 pub fn models_root() -> PathBuf {
-    let here = manifest_dir();
-    here.ancestors()
-        .map(|d| d.join("models"))
-        .find(|m| m.join("manifest.toml").is_file())
-        .unwrap_or_else(|| here.join("../../models"))
+    lycheemem_models::default_models_dir()
 }
 
 /// The folder of a model from the repository's `models/` manifest, fetched on first use (tests

@@ -412,7 +412,7 @@ fn deletes_rederive_and_bad_input() {
 #[test]
 fn a_real_small_model_runs_the_whole_pipeline() {
     // SmolLM2-135M for every purpose: only the structure is asserted (the model is tiny).
-    let models = lycheemem_testkit::manifest_dir().join("../../models");
+    let models = lycheemem_testkit::models_root();
     lycheemem_testkit::model_dir("smollm2-135m-instruct");
     let store = lycheemem_models::ModelStore::open(&models).unwrap();
     let llm = lycheemem_llm::open_llm(
