@@ -181,13 +181,15 @@ pub fn construction_hash(config: &Config) -> String {
     hex::encode(Sha256::digest(key.to_string().as_bytes()))[..12].to_string()
 }
 
-/// The store settings that shape what is built: all but where a PostgreSQL store lives and how
-/// many connections reach it (the same memory built in a directory or in a schema has one hash).
+/// The store settings that shape what is built: all but where a PostgreSQL store lives, how
+/// many connections reach it (the same memory built in a directory or in a schema has one hash)
+/// and how much memory caches take.
 fn store_key(config: &Config) -> serde_json::Value {
     let mut store = serde_json::to_value(&config.store).unwrap_or_default();
     if let Some(map) = store.as_object_mut() {
         map.remove("postgres_schema");
         map.remove("postgres_pool_size");
+        map.remove("node_cache_mb");
     }
     store
 }
@@ -201,6 +203,21 @@ pub fn config_hash(config: &Config) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_construction_hash_stays_what_cached_memories_were_built_under() {
+        // Memories built by earlier runs (and their replayed encoder calls) are found by this
+        // hash: a new setting that does not change what is built must leave it alone.
+        let base = Config::default();
+        assert_eq!(construction_hash(&base), "1aa9e6f0ceb4");
+        let mut tuned = base.clone();
+        tuned.store.node_cache_mb += 1;
+        tuned.store.postgres_pool_size += 1;
+        tuned.store.postgres_schema.push('x');
+        assert_eq!(construction_hash(&tuned), construction_hash(&base));
+        tuned.store.hnsw_connectivity += 1;
+        assert_ne!(construction_hash(&tuned), construction_hash(&base));
+    }
 
     #[test]
     fn retrieval_ablations_share_the_construction_and_construction_ablations_do_not() {

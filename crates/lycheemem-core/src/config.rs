@@ -754,6 +754,11 @@ pub struct StoreConfig {
     /// A vector search over at most this many vectors (a namespace's of one target, or a
     /// filter's allowed set) is answered exactly instead of through the HNSW index.
     pub exact_search_below: usize,
+    /// Memory for evidence nodes kept resolved between searches (embedded store): each node
+    /// of at least 64 records that node expansion touches keeps its members' vectors packed in
+    /// one matrix, searched exactly, until the next write. Past this many MiB the cache starts
+    /// over.
+    pub node_cache_mb: usize,
     /// Persist the derived indexes (and trim the change log) after this many changes, or after
     /// a quarter of the indexed vectors when that is more.
     pub checkpoint_every: u64,
@@ -771,6 +776,7 @@ impl Default for StoreConfig {
             hnsw_expansion_add: 128,
             hnsw_expansion_search: 64,
             exact_search_below: 2048,
+            node_cache_mb: 256,
             checkpoint_every: 10_000,
             postgres_schema: "lycheemem".into(),
             postgres_pool_size: 8,

@@ -33,9 +33,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::candidate::{ItemInfo, Scored, r_of};
 
-/// Nodes with more records than this are expanded through a restricted vector search rather
-/// than by scoring every member.
-const LARGE_NODE: usize = 256;
+/// Nodes with more records than this are expanded through the store's node search
+/// ([`lycheemem_store::StoreSearch::vector_search_node_many`]: the embedded store keeps such a
+/// node's member vectors packed in memory until the next write) rather than by reading and
+/// scoring every member here.
+const LARGE_NODE: usize = 64;
 
 /// Everything a route needs besides the route itself.
 pub struct RouteContext<'a> {
@@ -869,10 +871,14 @@ fn recall_lexical(
     Ok(())
 }
 
+/// A node member found for a variant: `(r, cosine, record id)`.
+type MemberHit = (f32, f32, String);
+
 /// Evidence-node channel, second half: node hits expanded to their records, scored by the
-/// records' own similarity. Small nodes are scored exactly from one batch of vectors; large
-/// ones (a main speaker's entity node can link thousands of records) through a vector search
-/// restricted to their members. Returns the small nodes' record vectors (scoring reuses them).
+/// records' own similarity. Small nodes are scored exactly from one batch of vectors; larger
+/// ones (a main speaker's entity node can link thousands of records) through the store's node
+/// search, once per node for all the variants that found it. Returns the small nodes' record
+/// vectors (scoring reuses them).
 fn expand_nodes(
     ctx: &RouteContext<'_>,
     node_hits: &[(String, NodeKind, usize)],
@@ -902,14 +908,42 @@ fn expand_nodes(
         .zip(ctx.store.scoring_vectors(ctx.ns, &items)?)
         .filter_map(|(id, v)| v.map(|v| (id, v)))
         .collect();
+    // Large nodes: one node search per node for every variant that found it.
+    let mut searched: HashMap<(&str, usize), Vec<MemberHit>> = HashMap::new();
+    let mut large: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (node_id, _, vi) in node_hits {
+        if let Some(None) = nodes.get(node_id) {
+            large.entry(node_id.as_str()).or_default().push(*vi);
+        }
+    }
+    for (node_id, mut vis) in large {
+        vis.sort_unstable();
+        vis.dedup();
+        let queries: Vec<&[f32]> = vis
+            .iter()
+            .map(|&vi| variant_vectors[vi].as_slice())
+            .collect();
+        let lists = ctx
+            .store
+            .vector_search_node_many(ctx.ns, node_id, &queries, rec_n)?;
+        for (vi, hits) in vis.into_iter().zip(lists) {
+            let scored = hits
+                .into_iter()
+                .filter_map(|h| match h.item {
+                    ItemRef::Record(id) => Some((r_of(h.score), h.score, id)),
+                    _ => None,
+                })
+                .collect();
+            searched.insert((node_id, vi), scored);
+        }
+    }
     for (node_id, kind, vi) in node_hits {
         let Some(node) = nodes.get(node_id) else {
             continue;
         };
         let query = &variant_vectors[*vi];
-        // (r, cosine, record id)
-        let scored: Vec<(f32, f32, String)> = if let Some(members) = node {
-            let mut s: Vec<(f32, f32, String)> = members
+        let scored: Vec<MemberHit> = if let Some(members) = node {
+            let mut s: Vec<MemberHit> = members
                 .iter()
                 .filter_map(|id| {
                     vectors.get(id).map(|v| {
@@ -922,14 +956,10 @@ fn expand_nodes(
             s.truncate(rec_n);
             s
         } else {
-            ctx.store
-                .vector_search_node(ctx.ns, node_id, query, rec_n)?
-                .into_iter()
-                .filter_map(|h| match h.item {
-                    ItemRef::Record(id) => Some((r_of(h.score), h.score, id)),
-                    _ => None,
-                })
-                .collect()
+            searched
+                .get(&(node_id.as_str(), *vi))
+                .cloned()
+                .unwrap_or_default()
         };
         for (r, cos, id) in scored {
             let field = node_weight(*kind, cfg) + cfg.record_scale * f64::from(r);

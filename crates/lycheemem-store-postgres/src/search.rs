@@ -189,6 +189,24 @@ impl StoreSearch for PgStore {
         self.vector_search_within(ns, Target::Record, vector, k, &ids)
     }
 
+    /// The node's row is read once for all the query vectors.
+    fn vector_search_node_many(
+        &self,
+        ns: &Namespace,
+        node_id: &str,
+        vectors: &[&[f32]],
+        k: usize,
+    ) -> Result<Vec<Vec<Hit>>> {
+        let Some(node) = self.nodes(ns, &[node_id.to_string()])?.into_iter().next() else {
+            return Ok(vectors.iter().map(|_| Vec::new()).collect());
+        };
+        let ids: Vec<String> = node.record_ids.into_iter().collect();
+        vectors
+            .iter()
+            .map(|v| self.vector_search_within(ns, Target::Record, v, k, &ids))
+            .collect()
+    }
+
     fn text_search(
         &self,
         ns: &Namespace,

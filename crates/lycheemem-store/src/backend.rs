@@ -99,6 +99,21 @@ pub trait StoreSearch: Send + Sync {
         k: usize,
     ) -> Result<Vec<Hit>>;
 
+    /// [`StoreSearch::vector_search_node`] for several query vectors at once (one list per
+    /// vector, in order): a backend may read the node's members once for all of them.
+    fn vector_search_node_many(
+        &self,
+        ns: &Namespace,
+        node_id: &str,
+        vectors: &[&[f32]],
+        k: usize,
+    ) -> Result<Vec<Vec<Hit>>> {
+        vectors
+            .iter()
+            .map(|v| self.vector_search_node(ns, node_id, v, k))
+            .collect()
+    }
+
     /// BM25 top-`k` among one namespace's items of one target, optionally within a session.
     fn text_search(
         &self,

@@ -206,7 +206,14 @@ impl Store {
             .invalidate();
         let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
         let mut text = self.text.write().unwrap_or_else(lock_poisoned);
-        self.apply_changes(&mut vectors, &mut text, seq)?;
+        let applied = self.apply_changes(&mut vectors, &mut text, seq);
+        // Again now that the vector indexes hold the write (or failed to): a node resolved in
+        // between may have read a member's vector as the index held it before.
+        self.node_cache
+            .write()
+            .unwrap_or_else(lock_poisoned)
+            .invalidate();
+        applied?;
         // Saving costs time proportional to the index size and replaying on open costs time
         // proportional to the changes since the save: checkpoint when the changes reach a
         // quarter of the index (and at least `checkpoint_every`), so neither dominates.

@@ -147,7 +147,7 @@ impl Store {
 }
 
 /// The stored (database) vector of one key.
-fn stored_vector(
+pub(super) fn stored_vector(
     table: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     ns: &Namespace,
     target: Target,
@@ -237,21 +237,41 @@ impl StoreSearch for Store {
         vector: &[f32],
         k: usize,
     ) -> Result<Vec<Hit>> {
-        check_query_dims(vector, self.options.dims)?;
+        Ok(self
+            .vector_search_node_many(ns, node_id, &[vector], k)?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// An exact scan of the node's packed member vectors (resolved once and kept until the
+    /// next write; see `node_cache`), all queries in one pass over the matrix.
+    fn vector_search_node_many(
+        &self,
+        ns: &Namespace,
+        node_id: &str,
+        vectors: &[&[f32]],
+        k: usize,
+    ) -> Result<Vec<Vec<Hit>>> {
+        for v in vectors {
+            check_query_dims(v, self.options.dims)?;
+        }
         let generation = self.node_cache_generation();
         let txn = self.read()?;
         let Some(node) = self.resolved_node(&txn, ns, node_id, generation, None)? else {
-            return Ok(Vec::new());
+            return Ok(vectors.iter().map(|_| Vec::new()).collect());
         };
-        let hits = self.search_allowed(&txn, ns, Target::Record, vector, k, &node.keys)?;
-        hits.into_iter()
-            .filter_map(|(key, score)| node.id_at.get(&key).map(|&i| (i, score)))
-            .map(|(i, score)| {
-                Ok(Hit {
-                    item: ItemRef::from_id(Target::Record, &node.ids[i as usize])?,
-                    target: Target::Record,
-                    score,
-                })
+        node.nearest(vectors, k)
+            .into_iter()
+            .map(|hits| {
+                hits.into_iter()
+                    .map(|(i, score)| {
+                        Ok(Hit {
+                            item: ItemRef::from_id(Target::Record, &node.ids[i as usize])?,
+                            target: Target::Record,
+                            score,
+                        })
+                    })
+                    .collect()
             })
             .collect()
     }
