@@ -74,20 +74,81 @@ pub fn leading_variants(question: &str, route: &Route, variant_count: usize) -> 
     lead.clamp(1, variant_count.max(1))
 }
 
-/// A route's candidates by target (ordered, so everything downstream sees them in one order).
+/// What recall found about one candidate, kept compact (a route's pool at 100k records holds
+/// thousands, of which a few hundred are ever resolved): provenance becomes a [`Scored`]'s only
+/// when the candidate is resolved ([`Pool::scored`]).
+struct Found {
+    target: CandidateTarget,
+    /// Best channel score over every hit.
+    field: f32,
+    /// Best channel score from the leading variants and the variant-free channels (temporal);
+    /// `None`: found by the route's queries only.
+    lead_field: Option<f32>,
+    /// Bit `i`: channel [`CHANNELS`]`[i]` hit it.
+    channels: u8,
+    /// Query variants that hit it, in the order they did.
+    variants: Vec<usize>,
+    /// Nodes that led to it (indices into [`Pool::node_ids`]).
+    nodes: Vec<u32>,
+    /// Its best cosine to each variant that found it by similarity (what bounds its
+    /// similarity to the leading variants before it is resolved).
+    cos: Vec<(usize, f32)>,
+}
+
+/// Every channel, by bit position in [`Found::channels`].
+const CHANNELS: [Channel; 6] = [
+    Channel::Temporal,
+    Channel::EvidenceNode,
+    Channel::Record,
+    Channel::RawTurn,
+    Channel::SourceWindow,
+    Channel::Lexical,
+];
+
+fn channel_bit(channel: Channel) -> u8 {
+    1 << CHANNELS.iter().position(|c| *c == channel).unwrap_or(0)
+}
+
+/// A route's candidates as recall finds them.
 struct Pool {
-    items: BTreeMap<CandidateTarget, Scored>,
-    /// Best channel score per candidate from the leading variants and the variant-free
-    /// channels (temporal); a candidate missing here was found by the route's queries only.
-    lead_field: BTreeMap<CandidateTarget, f32>,
-    /// Each record's best cosine to each variant that found it by similarity (what bounds
-    /// its similarity to the leading variants before it is resolved).
-    cos: HashMap<CandidateTarget, Vec<(usize, f32)>>,
+    found: Vec<Found>,
+    at: HashMap<CandidateTarget, u32>,
+    node_ids: Vec<String>,
+    node_at: HashMap<String, u32>,
     /// Variants `0..lead` are leading.
     lead: usize,
 }
 
 impl Pool {
+    fn new(lead: usize) -> Self {
+        Pool {
+            found: Vec::new(),
+            at: HashMap::new(),
+            node_ids: Vec::new(),
+            node_at: HashMap::new(),
+            lead,
+        }
+    }
+
+    fn entry(&mut self, target: CandidateTarget) -> &mut Found {
+        let next = self.found.len() as u32;
+        let i = *self.at.entry(target).or_insert_with_key(|target| {
+            self.found.push(Found {
+                target: target.clone(),
+                field: f32::MIN,
+                lead_field: None,
+                channels: 0,
+                variants: Vec::new(),
+                nodes: Vec::new(),
+                cos: Vec::new(),
+            });
+            next
+        });
+        &mut self.found[i as usize]
+    }
+
+    /// Notes a hit: its field score, channel, variant and node, and (`cos`) the candidate's
+    /// cosine to that variant when the hit was by similarity to it.
     fn hit(
         &mut self,
         target: CandidateTarget,
@@ -95,34 +156,66 @@ impl Pool {
         channel: Channel,
         variant: Option<usize>,
         node: Option<&str>,
-        route_id: &str,
+        cos: Option<f32>,
     ) {
-        if variant.is_none_or(|v| v < self.lead) {
-            let l = self.lead_field.entry(target.clone()).or_insert(f32::MIN);
-            *l = l.max(field);
+        let node = node.map(|n| match self.node_at.get(n) {
+            Some(&i) => i,
+            None => {
+                let i = self.node_ids.len() as u32;
+                self.node_ids.push(n.to_string());
+                self.node_at.insert(n.to_string(), i);
+                i
+            }
+        });
+        let lead = self.lead;
+        let c = self.entry(target);
+        if variant.is_none_or(|v| v < lead) {
+            c.lead_field = Some(c.lead_field.map_or(field, |l| l.max(field)));
         }
-        let c = self
-            .items
-            .entry(target.clone())
-            .or_insert_with(|| Scored::new(target));
         c.field = c.field.max(field);
-        c.provenance.channels.insert(channel);
-        c.provenance.routes.insert(route_id.to_string());
-        if let Some(v) = variant {
-            c.provenance.variants.insert(v);
+        c.channels |= channel_bit(channel);
+        if let Some(v) = variant
+            && !c.variants.contains(&v)
+        {
+            c.variants.push(v);
         }
-        if let Some(n) = node {
-            c.provenance.nodes.insert(n.to_string());
+        if let Some(n) = node
+            && !c.nodes.contains(&n)
+        {
+            c.nodes.push(n);
+        }
+        if let (Some(v), Some(cos)) = (variant, cos) {
+            match c.cos.iter_mut().find(|(known, _)| *known == v) {
+                Some((_, c)) => *c = c.max(cos),
+                None => c.cos.push((v, cos)),
+            }
         }
     }
+}
 
-    /// Notes a record's cosine to a variant (from a hit of that variant).
-    fn similarity(&mut self, target: &CandidateTarget, variant: usize, cos: f32) {
-        let known = self.cos.entry(target.clone()).or_default();
-        match known.iter_mut().find(|(v, _)| *v == variant) {
-            Some((_, c)) => *c = c.max(cos),
-            None => known.push((variant, cos)),
-        }
+impl Found {
+    /// The candidate as scoring sees it: its field (from the leading variants when any found
+    /// it) and its provenance.
+    fn into_scored(self, node_ids: &[String], route_id: &str) -> Scored {
+        let f = self;
+        let mut c = Scored::new(f.target);
+        c.field = f.lead_field.unwrap_or(f.field);
+        c.queries_only = f.lead_field.is_none();
+        let p = &mut c.provenance;
+        p.channels = CHANNELS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| f.channels & (1 << i) != 0)
+            .map(|(_, ch)| *ch)
+            .collect();
+        p.variants = f.variants.into_iter().collect();
+        p.nodes = f
+            .nodes
+            .iter()
+            .map(|&n| node_ids[n as usize].clone())
+            .collect();
+        p.routes.insert(route_id.to_string());
+        c
     }
 }
 
@@ -278,7 +371,7 @@ impl ResolveCache {
 
 /// A record candidate not resolved yet, with upper bounds of what resolving it can give.
 struct Pending {
-    candidate: Scored,
+    candidate: Found,
     /// Upper bound of its field score once resolved and given its bonuses.
     field_ub: f32,
     /// Upper bound of its route score (no rerank: an unresolved record is never in the rerank
@@ -365,17 +458,16 @@ impl Bounds {
             .fold(0.0f32, f32::max)
     }
 
-    fn pending(&self, cfg: &RetrievalConfig, candidate: Scored, known: &[(usize, f32)]) -> Pending {
-        let r_ub = self.r_ub(known);
-        let field = if candidate.queries_only {
-            record_field(cfg, r_ub)
-        } else {
-            f64::from(candidate.field)
+    fn pending(&self, cfg: &RetrievalConfig, candidate: Found) -> Pending {
+        let r_ub = self.r_ub(&candidate.cos);
+        let field = match candidate.lead_field {
+            Some(f) => f64::from(f),
+            None => record_field(cfg, r_ub),
         };
+        let variants = variants_bonus_of(cfg, candidate.variants.len());
         let field_ub = (field + self.bonus_ub) as f32 + SCORE_MARGIN;
-        let score_ub = field_ub
-            + (self.r_weight * f64::from(r_ub) + variants_bonus(cfg, &candidate)) as f32
-            + SCORE_MARGIN;
+        let score_ub =
+            field_ub + (self.r_weight * f64::from(r_ub) + variants) as f32 + SCORE_MARGIN;
         Pending {
             candidate,
             field_ub,
@@ -385,7 +477,12 @@ impl Bounds {
 }
 
 fn variants_bonus(cfg: &RetrievalConfig, c: &Scored) -> f64 {
-    (cfg.route_variant_step * c.provenance.variants.len() as f64).min(cfg.route_variant_cap)
+    variants_bonus_of(cfg, c.provenance.variants.len())
+}
+
+/// `min(cap, step·#variants)`.
+fn variants_bonus_of(cfg: &RetrievalConfig, variants: usize) -> f64 {
+    (cfg.route_variant_step * variants as f64).min(cfg.route_variant_cap)
 }
 
 /// `route_score = (rerank or field) + route_r_weight·r + min(cap, step·#variants)`.
@@ -421,6 +518,8 @@ pub struct RouteCandidates<'r> {
     exact: Vec<Scored>,
     /// Unresolved records, best `score_ub` first.
     pending: std::collections::VecDeque<Pending>,
+    /// The nodes unresolved records were found through (their [`Found::nodes`] index it).
+    node_ids: Vec<String>,
     windows_built: bool,
     /// Reranked (when there is a reranker) and route scores set.
     scored: bool,
@@ -446,15 +545,10 @@ pub fn recall_route<'r>(
     } else {
         variant_vectors.len()
     };
-    let mut pool = Pool {
-        items: BTreeMap::new(),
-        lead_field: BTreeMap::new(),
-        cos: HashMap::new(),
-        lead,
-    };
+    let mut pool = Pool::new(lead);
     let rid = route.route_id.as_str();
     if cfg.channel_temporal && !route.temporal_filter.is_open() {
-        recall_temporal(ctx, &route.temporal_filter, &budget, &mut pool, rid)?;
+        recall_temporal(ctx, &route.temporal_filter, &budget, &mut pool)?;
     }
     // Node hits are expanded to records last, scored by the records' own similarity.
     let node_hits = if cfg.channel_nodes {
@@ -465,19 +559,19 @@ pub fn recall_route<'r>(
     if cfg.channel_records {
         let field = |r: f32| record_field(cfg, r);
         let what = (Target::Record, budget.rec_n, Channel::Record);
-        recall_nearest(ctx, variant_vectors, what, field, &mut pool, rid)?;
+        recall_nearest(ctx, variant_vectors, what, field, &mut pool)?;
     }
     if cfg.channel_turns {
         let field = |r: f32| turn_field(cfg, profile, r);
         let what = (Target::Turn, budget.turn_n, Channel::RawTurn);
-        recall_nearest(ctx, variant_vectors, what, field, &mut pool, rid)?;
+        recall_nearest(ctx, variant_vectors, what, field, &mut pool)?;
     }
     if cfg.channel_lexical {
-        recall_lexical(ctx, variant_texts, &budget, profile, &mut pool, rid)?;
+        recall_lexical(ctx, variant_texts, &budget, profile, &mut pool)?;
     }
     if !node_hits.is_empty() {
         // Record vectors node expansion read already; resolving reuses them.
-        let known = expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool, rid)?;
+        let known = expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool)?;
         for (id, v) in known {
             cache.vectors.entry(id).or_insert(v);
         }
@@ -485,25 +579,18 @@ pub fn recall_route<'r>(
     let lead_vectors = variant_vectors[..lead.min(variant_vectors.len())].to_vec();
     let bounds = Bounds::new(ctx, route, variant_vectors, lead);
     let Pool {
-        items,
-        lead_field,
-        cos,
-        ..
+        found, node_ids, ..
     } = pool;
     let mut turns = Vec::new();
     let mut pending = Vec::new();
-    for mut c in items.into_values() {
-        match lead_field.get(&c.target) {
-            Some(&f) => c.field = f,
-            None => c.queries_only = true,
-        }
-        if c.is_raw() {
-            turns.push(c);
+    for f in found {
+        if matches!(f.target, CandidateTarget::Turns { .. }) {
+            turns.push(f.into_scored(&node_ids, rid));
         } else {
-            let known = cos.get(&c.target).map(Vec::as_slice).unwrap_or(&[]);
-            pending.push(bounds.pending(cfg, c, known));
+            pending.push(bounds.pending(cfg, f));
         }
     }
+    turns.sort_by(|a, b| a.target.cmp(&b.target));
     pending.sort_by(|a, b| {
         b.score_ub
             .total_cmp(&a.score_ub)
@@ -518,6 +605,7 @@ pub fn recall_route<'r>(
         lead_vectors,
         exact: turns,
         pending: pending.into(),
+        node_ids,
         windows_built: false,
         scored: false,
         found,
@@ -696,15 +784,18 @@ impl RouteCandidates<'_> {
         let ids: Vec<&str> = batch.iter().filter_map(Pending::record_id).collect();
         cache.fetch(ctx, &ids)?;
         for p in batch {
-            let mut c = p.candidate;
-            let CandidateTarget::Record { record_id } = &c.target else {
+            let Some(record_id) = p.record_id() else {
                 continue;
             };
             let Some(Some(info)) = cache.records.get(record_id) else {
                 continue;
             };
-            c.info = info.clone();
-            let vector = cache.vectors.get(record_id).map(Vec::as_slice);
+            let (info, vector) = (info.clone(), cache.vectors.get(record_id));
+            let mut c = p
+                .candidate
+                .into_scored(&self.node_ids, &self.route.route_id);
+            c.info = info;
+            let vector = vector.map(Vec::as_slice);
             finish(ctx, &mut c, vector, &self.lead_vectors, profile);
             apply_bonuses(
                 ctx,
@@ -748,7 +839,6 @@ fn recall_temporal(
     filter: &TemporalFilter,
     budget: &RecallBudget,
     pool: &mut Pool,
-    rid: &str,
 ) -> Result<()> {
     let cfg = ctx.cfg;
     let temporal_n = budget.temporal_n;
@@ -773,7 +863,7 @@ fn recall_temporal(
                 Channel::Temporal,
                 None,
                 Some(&n.node_id),
-                rid,
+                None,
             );
         }
     }
@@ -814,7 +904,6 @@ fn recall_nearest(
     (target, n, channel): (Target, usize, Channel),
     field: impl Fn(f32) -> f64,
     pool: &mut Pool,
-    rid: &str,
 ) -> Result<()> {
     for (vi, v) in variant_vectors.iter().enumerate() {
         let q = VectorQuery::new(target, v.clone(), n);
@@ -824,10 +913,9 @@ fn recall_nearest(
                 ItemRef::Turn(t) => turn_target(t),
                 ItemRef::Node(_) => continue,
             };
-            if !matches!(t, CandidateTarget::Turns { .. }) {
-                pool.similarity(&t, vi, h.score);
-            }
-            pool.hit(t, field(r_of(h.score)) as f32, channel, Some(vi), None, rid);
+            // A raw turn's similarity is read when it is resolved.
+            let cos = (!matches!(t, CandidateTarget::Turns { .. })).then_some(h.score);
+            pool.hit(t, field(r_of(h.score)) as f32, channel, Some(vi), None, cos);
         }
     }
     Ok(())
@@ -841,7 +929,6 @@ fn recall_lexical(
     budget: &RecallBudget,
     profile: &TypeProfile,
     pool: &mut Pool,
-    rid: &str,
 ) -> Result<()> {
     let cfg = ctx.cfg;
     let (rec_n, turn_n) = (budget.rec_n, budget.turn_n);
@@ -864,7 +951,7 @@ fn recall_lexical(
                     ItemRef::Turn(t) => turn_target(t),
                     ItemRef::Node(_) => continue,
                 };
-                pool.hit(t, field as f32, Channel::Lexical, Some(vi), None, rid);
+                pool.hit(t, field as f32, Channel::Lexical, Some(vi), None, None);
             }
         }
     }
@@ -885,7 +972,6 @@ fn expand_nodes(
     variant_vectors: &[Vec<f32>],
     budget: &RecallBudget,
     pool: &mut Pool,
-    rid: &str,
 ) -> Result<HashMap<String, Vec<f32>>> {
     let cfg = ctx.cfg;
     let rec_n = budget.rec_n;
@@ -963,15 +1049,13 @@ fn expand_nodes(
         };
         for (r, cos, id) in scored {
             let field = node_weight(*kind, cfg) + cfg.record_scale * f64::from(r);
-            let target = record_target(&id);
-            pool.similarity(&target, *vi, cos);
             pool.hit(
-                target,
+                record_target(&id),
                 field as f32,
                 Channel::EvidenceNode,
                 Some(*vi),
                 Some(node_id),
-                rid,
+                Some(cos),
             );
         }
     }
