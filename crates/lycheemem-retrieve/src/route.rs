@@ -33,12 +33,6 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::candidate::{ItemInfo, Scored, r_of};
 
-/// Nodes with more records than this are expanded through the store's node search
-/// ([`lycheemem_store::StoreSearch::vector_search_node_many`]: the embedded store keeps such a
-/// node's member vectors packed in memory until the next write) rather than by reading and
-/// scoring every member here.
-const LARGE_NODE: usize = 64;
-
 /// Everything a route needs besides the route itself.
 pub struct RouteContext<'a> {
     pub store: &'a dyn RetrievalStore,
@@ -981,7 +975,7 @@ fn expand_nodes(
     // Large nodes come back unlisted: they are searched, not scored member by member.
     let nodes: HashMap<String, Option<Vec<String>>> = ctx
         .store
-        .node_members(ctx.ns, &ids, LARGE_NODE)?
+        .node_members(ctx.ns, &ids, ctx.store.node_search_above())?
         .into_iter()
         .map(|n| (n.node_id, n.record_ids))
         .collect();

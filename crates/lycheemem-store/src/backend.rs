@@ -99,6 +99,14 @@ pub trait StoreSearch: Send + Sync {
         k: usize,
     ) -> Result<Vec<Hit>>;
 
+    /// Node expansion scores a node of at most this many records member by member (one read
+    /// of their vectors) and searches a larger one with
+    /// [`StoreSearch::vector_search_node_many`]: where that search is cheaper depends on the
+    /// backend.
+    fn node_search_above(&self) -> usize {
+        256
+    }
+
     /// [`StoreSearch::vector_search_node`] for several query vectors at once (one list per
     /// vector, in order): a backend may read the node's members once for all of them.
     fn vector_search_node_many(

@@ -243,6 +243,11 @@ impl StoreSearch for Store {
             .unwrap_or_default())
     }
 
+    /// From the size at which a node is kept resolved with its vectors packed (`node_cache`).
+    fn node_search_above(&self) -> usize {
+        super::node_cache::CACHED_FROM
+    }
+
     /// An exact scan of the node's packed member vectors (resolved once and kept until the
     /// next write; see `node_cache`), all queries in one pass over the matrix.
     fn vector_search_node_many(
