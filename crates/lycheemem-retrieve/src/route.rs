@@ -70,10 +70,10 @@ pub fn leading_variants(question: &str, route: &Route, variant_count: usize) -> 
 
 /// What recall found about one candidate, kept compact (a route's pool at 100k records holds
 /// thousands, of which a few hundred are ever resolved): provenance becomes a [`Scored`]'s only
-/// when the candidate is resolved ([`Pool::scored`]).
+/// when the candidate is resolved ([`Found::into_scored`]).
 struct Found {
     target: CandidateTarget,
-    /// Best channel score over every hit.
+    /// Best channel score over every hit (at least 0).
     field: f32,
     /// Best channel score from the leading variants and the variant-free channels (temporal);
     /// `None`: found by the route's queries only.
@@ -82,7 +82,7 @@ struct Found {
     channels: u8,
     /// Query variants that hit it, in the order they did.
     variants: Vec<usize>,
-    /// Nodes that led to it (indices into [`Pool::node_ids`]).
+    /// Nodes that led to it (indices into the pool's `node_ids`).
     nodes: Vec<u32>,
     /// Its best cosine to each variant that found it by similarity (what bounds its
     /// similarity to the leading variants before it is resolved).
@@ -100,7 +100,14 @@ const CHANNELS: [Channel; 6] = [
 ];
 
 fn channel_bit(channel: Channel) -> u8 {
-    1 << CHANNELS.iter().position(|c| *c == channel).unwrap_or(0)
+    1 << match channel {
+        Channel::Temporal => 0,
+        Channel::EvidenceNode => 1,
+        Channel::Record => 2,
+        Channel::RawTurn => 3,
+        Channel::SourceWindow => 4,
+        Channel::Lexical => 5,
+    }
 }
 
 /// A route's candidates as recall finds them.
@@ -129,7 +136,7 @@ impl Pool {
         let i = *self.at.entry(target).or_insert_with_key(|target| {
             self.found.push(Found {
                 target: target.clone(),
-                field: f32::MIN,
+                field: 0.0,
                 lead_field: None,
                 channels: 0,
                 variants: Vec::new(),
@@ -1350,6 +1357,13 @@ fn rerank(
 mod tests {
     use super::*;
     use lycheemem_core::Route;
+
+    #[test]
+    fn channel_bits_decode_to_their_channels() {
+        for (i, channel) in CHANNELS.iter().enumerate() {
+            assert_eq!(channel_bit(*channel), 1 << i, "{channel:?}");
+        }
+    }
 
     #[test]
     fn variants_dedupe_and_cap() {
