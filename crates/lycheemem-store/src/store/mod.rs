@@ -48,6 +48,9 @@ pub struct Store {
 }
 
 const DB_FILE: &str = "store.redb";
+/// How long opening waits for a directory lock held by someone else before it says so.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 const LOCK_FILE: &str = "LOCK";
 
 fn lock_poisoned<T>(p: std::sync::PoisonError<T>) -> T {
@@ -86,7 +89,17 @@ impl Store {
             .write(true)
             .open(&lock_path)
             .map_err(|e| Error::io(&lock_path, e))?;
-        match lock.try_lock() {
+        // A process that starts a child (any thread of it) shares every open file with the
+        // child until the child execs, the lock of a store just closed included: a lock held
+        // that briefly is waited for, one held longer is another owner.
+        let mut waited = std::time::Duration::ZERO;
+        let mut locked = lock.try_lock();
+        while matches!(locked, Err(std::fs::TryLockError::WouldBlock)) && waited < LOCK_PATIENCE {
+            std::thread::sleep(LOCK_RETRY);
+            waited += LOCK_RETRY;
+            locked = lock.try_lock();
+        }
+        match locked {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
                 return Err(Error::Locked(format!(
