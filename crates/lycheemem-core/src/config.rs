@@ -756,8 +756,8 @@ pub struct StoreConfig {
     pub exact_search_below: usize,
     /// Memory for evidence nodes kept resolved between searches (embedded store): each node
     /// of at least 64 records that node expansion touches keeps its members' vectors packed in
-    /// one matrix, searched exactly, until the next write. Past this many MiB the cache starts
-    /// over.
+    /// one matrix, searched exactly, until the next write. Past this many MiB the least
+    /// recently used nodes leave.
     pub node_cache_mb: usize,
     /// Persist the derived indexes (and trim the change log) after this many changes, or after
     /// a quarter of the indexed vectors when that is more.

@@ -1043,9 +1043,9 @@ fn expand_nodes(
             s.truncate(rec_n);
             s
         } else {
+            // Each (node, variant) is hit once.
             searched
-                .get(&(node_id.as_str(), *vi))
-                .cloned()
+                .remove(&(node_id.as_str(), *vi))
                 .unwrap_or_default()
         };
         for (r, cos, id) in scored {

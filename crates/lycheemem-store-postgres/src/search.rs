@@ -175,20 +175,6 @@ impl StoreSearch for PgStore {
         self.search_vectors(ns, target, vector, k, Filter::Ids(ids))
     }
 
-    fn vector_search_node(
-        &self,
-        ns: &Namespace,
-        node_id: &str,
-        vector: &[f32],
-        k: usize,
-    ) -> Result<Vec<Hit>> {
-        let Some(node) = self.nodes(ns, &[node_id.to_string()])?.into_iter().next() else {
-            return Ok(Vec::new());
-        };
-        let ids: Vec<String> = node.record_ids.into_iter().collect();
-        self.vector_search_within(ns, Target::Record, vector, k, &ids)
-    }
-
     /// The node's row is read once for all the query vectors.
     fn vector_search_node_many(
         &self,

@@ -89,15 +89,19 @@ pub trait StoreSearch: Send + Sync {
 
     /// The `k` records linked to evidence node `node_id` nearest to `vector`: the same hits as
     /// [`StoreSearch::vector_search_within`] over the node's record ids (none when the node
-    /// does not exist). A backend may keep a large node's members resolved to index keys
-    /// between calls, as long as every write that returned is seen.
+    /// does not exist). [`StoreSearch::vector_search_node_many`] for one vector.
     fn vector_search_node(
         &self,
         ns: &Namespace,
         node_id: &str,
         vector: &[f32],
         k: usize,
-    ) -> Result<Vec<Hit>>;
+    ) -> Result<Vec<Hit>> {
+        Ok(self
+            .vector_search_node_many(ns, node_id, &[vector], k)?
+            .pop()
+            .unwrap_or_default())
+    }
 
     /// Node expansion scores a node of at most this many records member by member (one read
     /// of their vectors) and searches a larger one with
@@ -108,19 +112,16 @@ pub trait StoreSearch: Send + Sync {
     }
 
     /// [`StoreSearch::vector_search_node`] for several query vectors at once (one list per
-    /// vector, in order): a backend may read the node's members once for all of them.
+    /// vector, in order): a backend may read the node's members once for all of them, and keep
+    /// a large node's members resolved between calls, as long as every write that returned is
+    /// seen.
     fn vector_search_node_many(
         &self,
         ns: &Namespace,
         node_id: &str,
         vectors: &[&[f32]],
         k: usize,
-    ) -> Result<Vec<Vec<Hit>>> {
-        vectors
-            .iter()
-            .map(|v| self.vector_search_node(ns, node_id, v, k))
-            .collect()
-    }
+    ) -> Result<Vec<Vec<Hit>>>;
 
     /// BM25 top-`k` among one namespace's items of one target, optionally within a session.
     fn text_search(

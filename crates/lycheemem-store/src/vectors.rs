@@ -420,29 +420,30 @@ impl VectorIndexes {
     }
 
     /// Appends the indexed vectors of these keys to `out` (`dims` floats each, in order) and
-    /// returns the keys that are not in the index (nothing appended for them).
+    /// says for each key whether it is in the index (nothing appended for one that is not).
     pub fn append_many(
         &self,
         ns: &str,
         target: Target,
         keys: &[u64],
         out: &mut Vec<f32>,
-    ) -> Vec<u64> {
+    ) -> Vec<bool> {
         let dims = self.options.dimensions;
         let Some(v) = self.indexes.get(&(ns.to_string(), target)) else {
-            return keys.to_vec();
+            return vec![false; keys.len()];
         };
         out.reserve(keys.len() * dims);
-        let mut missing = Vec::new();
-        for &key in keys {
-            let start = out.len();
-            out.resize(start + dims, 0.0);
-            if !matches!(v.index.get(key, &mut out[start..]), Ok(1)) {
-                out.truncate(start);
-                missing.push(key);
-            }
-        }
-        missing
+        keys.iter()
+            .map(|&key| {
+                let start = out.len();
+                out.resize(start + dims, 0.0);
+                let found = matches!(v.index.get(key, &mut out[start..]), Ok(1));
+                if !found {
+                    out.truncate(start);
+                }
+                found
+            })
+            .collect()
     }
 
     /// Approximate top-`k` as `(key, cosine similarity)`, best first; with `allowed`, only those

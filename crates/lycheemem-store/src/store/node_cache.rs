@@ -203,20 +203,19 @@ impl Store {
         let record_keys: Vec<u64> = keyed.iter().map(|(_, k)| *k).collect();
         let mut matrix = Vec::new();
         // In-memory indexed vectors first; the stored rows of vectors not indexed yet after.
-        let missing = self
+        let indexed = self
             .vectors
             .read()
             .unwrap_or_else(lock_poisoned)
             .append_many(ns.as_str(), Target::Record, &record_keys, &mut matrix);
-        let missing: HashSet<u64> = missing.into_iter().collect();
-        let mut rows: Vec<(u32, u64)> = keyed
-            .iter()
-            .copied()
-            .filter(|(_, k)| !missing.contains(k))
-            .collect();
+        let (found, missing): (Vec<_>, Vec<_>) = keyed
+            .into_iter()
+            .zip(indexed)
+            .partition(|&(_, found)| found);
+        let mut rows: Vec<(u32, u64)> = found.into_iter().map(|(row, _)| row).collect();
         if !missing.is_empty() {
             let vectors = txn.open_table(VECTORS).map_err(db_err)?;
-            for &(i, k) in keyed.iter().filter(|(_, k)| missing.contains(k)) {
+            for ((i, k), _) in missing {
                 if let Some(v) = search::stored_vector(&vectors, ns, Target::Record, k)?
                     && v.len() == dims
                 {

@@ -230,19 +230,6 @@ impl StoreSearch for Store {
             .collect()
     }
 
-    fn vector_search_node(
-        &self,
-        ns: &Namespace,
-        node_id: &str,
-        vector: &[f32],
-        k: usize,
-    ) -> Result<Vec<Hit>> {
-        Ok(self
-            .vector_search_node_many(ns, node_id, &[vector], k)?
-            .pop()
-            .unwrap_or_default())
-    }
-
     /// From the size at which a node is kept resolved with its vectors packed (`node_cache`).
     fn node_search_above(&self) -> usize {
         super::node_cache::CACHED_FROM
