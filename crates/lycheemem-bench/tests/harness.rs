@@ -1223,6 +1223,40 @@ fn peer_builds_run_side_by_side_and_report_in_variant_order() {
 }
 
 #[test]
+fn peer_builds_of_later_waves_start_while_the_first_wave_builds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = five_conversations(dir.path(), "session_2");
+    let (_, _llm, b, spec) = peer_run(dir.path(), &["mem0"], 2);
+    let spec = RunSpec {
+        dataset: path,
+        ..spec
+    };
+    // Two jobs: waves of 4 items. The stand-in peer's build of conv-0 (wave 1) waits until the
+    // build of conv-4 (wave 2) has started, which only a builder working across waves does.
+    std::fs::create_dir_all(spec.cache.join("peers")).unwrap();
+    std::fs::write(spec.cache.join("peers/hold-mem0"), "").unwrap();
+    let mut lines = Vec::new();
+    let outcome = run::run(&data, &spec, &Config::default(), &b, &mut |l| lines.push(l));
+    assert!(outcome.is_ok(), "{outcome:?}: {lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("building 5 memories, 2 at a time, ahead of their questions")),
+        "{lines:#?}"
+    );
+    let built = run::constructions(&spec.out).unwrap();
+    let items: Vec<&str> = built.iter().map(|c| c.report.item.as_str()).collect();
+    assert_eq!(items, ["conv-0", "conv-1", "conv-2", "conv-3", "conv-4"]);
+    let predicted: Vec<String> = run::predictions(&spec.out)
+        .unwrap()
+        .into_iter()
+        .map(|p| p.item)
+        .collect();
+    assert_eq!(predicted.len(), 10, "2 questions x 5 items");
+    assert_eq!(predicted[8..], ["conv-4", "conv-4"], "{predicted:?}");
+}
+
+#[test]
 fn a_failed_peer_build_stops_the_run_but_the_finished_one_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let (data, _llm, b, spec) = peer_run(dir.path(), &["amem", "mem0"], 2);

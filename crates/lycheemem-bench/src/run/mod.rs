@@ -446,7 +446,7 @@ fn run_waves(
     let stop_building = AtomicBool::new(false);
     let builder_finished = AtomicBool::new(false);
     let (lines_tx, lines_rx) = mpsc::channel::<String>();
-    let (built_tx, built_rx) = mpsc::channel::<Result<BuiltMemory>>();
+    let (built_tx, built_rx) = mpsc::channel::<Result<Built>>();
     std::thread::scope(|scope| -> Result<()> {
         // However the calling thread leaves (an error, a panic), the builder starts no new
         // memory and stops the ones in progress at their next session.
@@ -476,13 +476,14 @@ fn run_waves(
             progress(line);
         };
         let progress: &mut dyn FnMut(String) = &mut say;
-        // Memories the builder made in this run (the calling thread then opens them cached).
-        let mut fresh: HashSet<(usize, String)> = HashSet::new();
+        // What the builder made in this run: memories (the calling thread then opens them
+        // cached) and peer runs (taken by their wave).
+        let mut made = Made::default();
         let mut run_waves = || -> Result<()> {
             for (w, &wave) in waves.iter().enumerate() {
                 plan_wave(ctx, wave, ck, progress)?;
-                wait_for_wave(w, &mut unbuilt, &built_rx, &lines_rx, &mut fresh, progress)?;
-                let opened = open_wave(ctx, wave, ck, &fresh, progress)?;
+                wait_for_wave(w, &mut unbuilt, &built_rx, &lines_rx, &mut made, progress)?;
+                let opened = open_wave(ctx, wave, ck, &mut made, progress)?;
                 evaluate_wave(ctx, wave, &opened, ck, progress)?;
             }
             Ok(())
@@ -498,6 +499,12 @@ fn run_waves(
         // Every line the builder reports until it ends (it holds the only sender).
         for line in lines_rx.iter() {
             progress(line);
+        }
+        if result.is_err() {
+            // The failure is the run's error; a report that cannot be written is only shown.
+            if let Err(e) = report_untaken_peers(ctx, ck, &mut made, &built_rx) {
+                progress(format!("could not report the finished peer runs: {e:#}"));
+            }
         }
         result
     })
@@ -549,7 +556,9 @@ pub fn run(
     ));
     // Items are taken in waves of `WAVE_PER_JOB` × jobs. With several jobs, a builder thread builds
     // every missing memory in item order, `jobs` at a time (their encoder calls are decoded
-    // together by a local LLM), without waiting for questions. A wave's questions are planned
+    // together by a local LLM), without waiting for questions; a peer variant's build and search
+    // of an item is one of its tasks like a memory, so a wave's slowest peer build never leaves
+    // the other slots idle. A wave's questions are planned
     // while its memories are being built (plans need no memory), and evaluated (`jobs` at a time
     // across its items and variants) while the next waves' memories are being built, so the
     // LLM's batch stays full when a wave's last memories or questions are few. A run over many

@@ -6,8 +6,27 @@ use super::*;
 /// Items of one wave: each item's index with the indexes of its selected questions.
 pub(super) type Wave<'a> = [(usize, &'a Vec<usize>)];
 
-/// A memory the background builder made: (wave, item, construction hash).
-pub(super) type BuiltMemory = (usize, usize, String);
+/// What the background builder made for one task of wave `wave`.
+pub(super) struct Built {
+    pub(super) wave: usize,
+    pub(super) item: usize,
+    pub(super) what: BuiltWhat,
+}
+
+/// A memory (by construction hash) or a peer's build and search (by variant index).
+pub(super) enum BuiltWhat {
+    Memory(String),
+    Peer(usize, Box<crate::peer::PeerRun>),
+}
+
+/// What the builder made in this run and the waves have not taken yet.
+#[derive(Default)]
+pub(super) struct Made {
+    /// (item, construction hash) of the memories built (the calling thread opens them cached).
+    pub(super) memories: HashSet<(usize, String)>,
+    /// (item, variant) → the peer's build and hits, taken by the wave that evaluates them.
+    pub(super) peers: HashMap<(usize, usize), crate::peer::PeerRun>,
+}
 
 /// `spec.variant_items` may only name variants of the run and items of the dataset.
 pub(super) fn check_variant_items(dataset: &Dataset, spec: &RunSpec) -> Result<()> {
@@ -182,15 +201,50 @@ impl RunContext<'_> {
                         tasks.push(BuildTask {
                             wave: w,
                             item: i,
-                            hash,
-                            config: &group[0].config,
+                            what: BuildWhat::Memory {
+                                hash,
+                                config: &group[0].config,
+                            },
                         });
                         unbuilt[w] += 1;
                     }
                 }
+                for (variant, peer, questions) in self.peer_work(i, qs, ck) {
+                    tasks.push(BuildTask {
+                        wave: w,
+                        item: i,
+                        what: BuildWhat::Peer {
+                            variant,
+                            peer,
+                            questions,
+                        },
+                    });
+                    unbuilt[w] += 1;
+                }
             }
         }
         (tasks, unbuilt)
+    }
+
+    /// The peer variants with work left on item `i` (questions `qs`): (variant index, peer,
+    /// the pending questions); a peer with no question left still runs to write its report.
+    pub(super) fn peer_work(
+        &self,
+        i: usize,
+        qs: &[usize],
+        ck: &Checkpoints,
+    ) -> Vec<(usize, crate::peer::PeerKind, Vec<usize>)> {
+        let mut work = Vec::new();
+        for (vi, v) in self.variants.iter().enumerate() {
+            let VariantKind::Peer(peer) = v.kind else {
+                continue;
+            };
+            let pending = self.pending(v, i, qs, &ck.done);
+            if !pending.is_empty() || self.needs_report(v, i, ck) {
+                work.push((vi, peer, pending));
+            }
+        }
+        work
     }
 }
 
@@ -198,8 +252,21 @@ impl RunContext<'_> {
 pub(super) struct BuildTask<'a> {
     pub(super) wave: usize,
     pub(super) item: usize,
-    pub(super) hash: String,
-    pub(super) config: &'a Config,
+    pub(super) what: BuildWhat<'a>,
+}
+
+/// A memory of lycheemem's (by construction hash and config), or a peer's build of the item
+/// followed by its search of the pending questions (which the driver does in one process).
+pub(super) enum BuildWhat<'a> {
+    Memory {
+        hash: String,
+        config: &'a Config,
+    },
+    Peer {
+        variant: usize,
+        peer: crate::peer::PeerKind,
+        questions: Vec<usize>,
+    },
 }
 
 /// The background builder's inputs and its ways of reporting.
@@ -210,7 +277,7 @@ pub(super) struct Builder<'a> {
     pub(super) stop: &'a AtomicBool,
     pub(super) finished: &'a AtomicBool,
     pub(super) lines: mpsc::Sender<String>,
-    pub(super) built: mpsc::Sender<Result<BuiltMemory>>,
+    pub(super) built: mpsc::Sender<Result<Built>>,
 }
 
 /// Builds every task's memory, `jobs` at a time, on a thread of `scope`; sends each built memory
@@ -238,20 +305,37 @@ pub(super) fn spawn_builder<'scope, 'env>(
                 if stop.load(Ordering::SeqCst) {
                     anyhow::bail!("the run stopped");
                 }
-                construct::build_or_open(
-                    &ctx.spec.memories(),
-                    ctx.dataset.kind,
-                    &ctx.dataset.items[task.item],
-                    task.config,
-                    &task.hash,
-                    ctx.comps.clone(),
-                    construct::BuildOptions {
-                        stop: Some(stop),
-                        session_lookahead: ctx.spec.session_lookahead,
-                    },
-                    say,
-                )
-                .map(|_| (task.wave, task.item, task.hash.clone()))
+                let what = match &task.what {
+                    BuildWhat::Memory { hash, config } => {
+                        construct::build_or_open(
+                            &ctx.spec.memories(),
+                            ctx.dataset.kind,
+                            &ctx.dataset.items[task.item],
+                            config,
+                            hash,
+                            ctx.comps.clone(),
+                            construct::BuildOptions {
+                                stop: Some(stop),
+                                session_lookahead: ctx.spec.session_lookahead,
+                            },
+                            say,
+                        )?;
+                        BuiltWhat::Memory(hash.clone())
+                    }
+                    BuildWhat::Peer {
+                        variant,
+                        peer,
+                        questions,
+                    } => BuiltWhat::Peer(
+                        *variant,
+                        Box::new(run_peer(ctx, task.item, *variant, *peer, questions, say)?),
+                    ),
+                };
+                Ok(Built {
+                    wave: task.wave,
+                    item: task.item,
+                    what,
+                })
             },
             &mut say,
             |memory, _| {
@@ -301,20 +385,28 @@ pub(super) fn plan_wave(
     Ok(())
 }
 
-/// Waits until the builder has made every memory wave `w` needs, passing its progress lines on.
+/// Waits until the builder has made every memory (and peer run) wave `w` needs, passing its
+/// progress lines on.
 pub(super) fn wait_for_wave(
     w: usize,
     unbuilt: &mut [usize],
-    built: &mpsc::Receiver<Result<BuiltMemory>>,
+    built: &mpsc::Receiver<Result<Built>>,
     lines: &mpsc::Receiver<String>,
-    fresh: &mut HashSet<(usize, String)>,
+    made: &mut Made,
     progress: &mut dyn FnMut(String),
 ) -> Result<()> {
     while unbuilt[w] > 0 {
         match built.try_recv() {
-            Ok(Ok((x, i, hash))) => {
-                unbuilt[x] -= 1;
-                fresh.insert((i, hash));
+            Ok(Ok(Built { wave, item, what })) => {
+                unbuilt[wave] -= 1;
+                match what {
+                    BuiltWhat::Memory(hash) => {
+                        made.memories.insert((item, hash));
+                    }
+                    BuiltWhat::Peer(vi, run) => {
+                        made.peers.insert((item, vi), *run);
+                    }
+                }
             }
             Ok(Err(e)) => return Err(e),
             Err(mpsc::TryRecvError::Disconnected) => {
@@ -338,13 +430,14 @@ pub(super) struct OpenWave {
     pub(super) peers: HashMap<(usize, usize), crate::peer::PeerRun>,
 }
 
-/// Opens (building if needed) the memories the wave's questions need, writes the construction
-/// reports the folder lacks, and builds the naive-RAG chunk indexes.
+/// Opens (building if needed) the memories the wave's questions need, takes (or makes) the peer
+/// runs, writes the construction reports the folder lacks, and builds the naive-RAG chunk
+/// indexes.
 pub(super) fn open_wave(
     ctx: &RunContext,
     wave: &Wave,
     ck: &mut Checkpoints,
-    fresh: &HashSet<(usize, String)>,
+    made: &mut Made,
     progress: &mut dyn FnMut(String),
 ) -> Result<OpenWave> {
     let mut opened = OpenWave {
@@ -375,7 +468,7 @@ pub(super) fn open_wave(
                 },
                 progress,
             )?;
-            let cached = cached && !fresh.contains(&(i, hash.clone()));
+            let cached = cached && !made.memories.contains(&(i, hash.clone()));
             progress(format!(
                 "memory {} {hash} ({}): {} segments, {} records, {} encode tokens",
                 item.id,
@@ -422,66 +515,28 @@ pub(super) fn open_wave(
             opened.indexes.insert(i, index);
         }
     }
-    // Peers: every (item, peer variant) of the wave with work left, `jobs` at a time (each with
-    // its own endpoint and driver process; a local LLM decodes their calls together).
+    // Peers: the runs the builder made ahead; with one job (no builder), every (item, peer
+    // variant) of the wave with work left, made here.
+    let mut runs = Vec::new();
     let mut peer_tasks: Vec<(usize, usize, crate::peer::PeerKind, Vec<usize>)> = Vec::new();
     for &(i, qs) in wave {
-        for (vi, v) in ctx.variants.iter().enumerate() {
-            let VariantKind::Peer(peer) = v.kind else {
-                continue;
-            };
-            let pending = ctx.pending(v, i, qs, &ck.done);
-            if !pending.is_empty() || ctx.needs_report(v, i, ck) {
-                peer_tasks.push((i, vi, peer, pending));
+        for (vi, peer, pending) in ctx.peer_work(i, qs, ck) {
+            match made.peers.remove(&(i, vi)) {
+                Some(run) => runs.push((i, vi, run)),
+                None => peer_tasks.push((i, vi, peer, pending)),
             }
         }
     }
-    if peer_tasks.is_empty() {
-        return Ok(opened);
-    }
-    let python = match &ctx.spec.peer_python {
-        Some(p) => p.clone(),
-        None => crate::peer::default_python()
-            .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass the peer python"))?,
-    };
-    let build = |(i, vi, peer, pending): &(usize, usize, crate::peer::PeerKind, Vec<usize>),
-                 say: &mut dyn FnMut(String)|
-     -> Result<(usize, usize, crate::peer::PeerRun)> {
-        let (item, v) = (&ctx.dataset.items[*i], &ctx.variants[*vi]);
-        let job = crate::peer::PeerJob {
-            kind: *peer,
-            dataset_kind: ctx.dataset.kind,
-            item,
-            questions: pending.iter().map(|&j| &item.questions[j]).collect(),
-            top_k: ctx.spec.top_k.max(1),
-            cache: &ctx.spec.cache,
-            python: &python,
-            // The encoder's model, with the peer's calls logged apart from the encoder's
-            // (in the results folder and the cache) and replayed when a build is redone.
-            llm: Arc::new(crate::replay::ReplayLlm::with_shared_log(
-                ctx.backends.components.encode_llm.clone(),
-                &ctx.spec.out.join(PEER_CALLS),
-                &ctx.spec.cache.join(PEER_CALLS),
-            )?),
-            embedder: ctx.comps.embedder.clone(),
-        };
-        let run = crate::peer::build_and_search(&job, say)?;
-        say(format!(
-            "{} {}: {} memories from {} units, {} LLM calls, {} construction tokens",
-            v.name,
-            item.id,
-            run.report.records,
-            run.report.exchanges,
-            run.report.encode_calls,
-            run.report.tokens()
-        ));
-        Ok((*i, *vi, run))
-    };
-    let mut runs = Vec::new();
-    let outcome = for_each_parallel(ctx.spec.jobs, &peer_tasks, build, progress, |run, _| {
-        runs.push(run);
-        Ok(())
-    });
+    let outcome = for_each_parallel(
+        ctx.spec.jobs,
+        &peer_tasks,
+        |(i, vi, peer, pending), say| Ok((*i, *vi, run_peer(ctx, *i, *vi, *peer, pending, say)?)),
+        progress,
+        |run, _| {
+            runs.push(run);
+            Ok(())
+        },
+    );
     // Reports in item and variant order, whatever order the builds finished in.
     runs.sort_by_key(|(i, vi, _)| (*i, *vi));
     for (i, vi, run) in runs {
@@ -494,6 +549,77 @@ pub(super) fn open_wave(
     // The builds that finished are reported even when another one failed.
     outcome?;
     Ok(opened)
+}
+
+/// After a failed run: writes the construction reports of the peer runs the builder finished
+/// that no wave took (those still in `built` included), in item and variant order, so their
+/// cost is on record although their questions were not evaluated.
+pub(super) fn report_untaken_peers(
+    ctx: &RunContext,
+    ck: &mut Checkpoints,
+    made: &mut Made,
+    built: &mpsc::Receiver<Result<Built>>,
+) -> Result<()> {
+    for b in built.try_iter().flatten() {
+        if let BuiltWhat::Peer(vi, run) = b.what {
+            made.peers.insert((b.item, vi), *run);
+        }
+    }
+    let mut runs: Vec<_> = made.peers.drain().collect();
+    runs.sort_by_key(|(key, _)| *key);
+    for ((i, vi), run) in runs {
+        let (item, v) = (&ctx.dataset.items[i], &ctx.variants[vi]);
+        if ctx.allowed(v, item) && ctx.needs_report(v, i, ck) {
+            ck.report_construction(ctx.spec, &v.name, &run.report)?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds (or resumes, or reuses) peer variant `vi`'s memory of item `i` and searches its
+/// `pending` questions.
+pub(super) fn run_peer(
+    ctx: &RunContext,
+    i: usize,
+    vi: usize,
+    peer: crate::peer::PeerKind,
+    pending: &[usize],
+    say: &mut dyn FnMut(String),
+) -> Result<crate::peer::PeerRun> {
+    let (item, v) = (&ctx.dataset.items[i], &ctx.variants[vi]);
+    let python = match &ctx.spec.peer_python {
+        Some(p) => p.clone(),
+        None => crate::peer::default_python()
+            .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass the peer python"))?,
+    };
+    let job = crate::peer::PeerJob {
+        kind: peer,
+        dataset_kind: ctx.dataset.kind,
+        item,
+        questions: pending.iter().map(|&j| &item.questions[j]).collect(),
+        top_k: ctx.spec.top_k.max(1),
+        cache: &ctx.spec.cache,
+        python: &python,
+        // The encoder's model, with the peer's calls logged apart from the encoder's (in the
+        // results folder and the cache) and replayed when a build is redone.
+        llm: Arc::new(crate::replay::ReplayLlm::with_shared_log(
+            ctx.backends.components.encode_llm.clone(),
+            &ctx.spec.out.join(PEER_CALLS),
+            &ctx.spec.cache.join(PEER_CALLS),
+        )?),
+        embedder: ctx.comps.embedder.clone(),
+    };
+    let run = crate::peer::build_and_search(&job, say)?;
+    say(format!(
+        "{} {}: {} memories from {} units, {} LLM calls, {} construction tokens",
+        v.name,
+        item.id,
+        run.report.records,
+        run.report.exchanges,
+        run.report.encode_calls,
+        run.report.tokens()
+    ));
+    Ok(run)
 }
 
 /// One question to evaluate: (item, variant, question) indexes.
