@@ -7,8 +7,9 @@
 //! sequences, and [`Decoder::forward_batch`] advances several in a single pass over the
 //! weights), and in reading both architectures through one configuration.
 
+use crate::attention;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
-use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
+use candle_core::{CpuStorage, D, DType, Device, IndexOp, Module, Result, Storage, Tensor};
 use candle_nn::Embedding;
 use lycheemem_core::LlmWeights;
 use std::sync::Arc;
@@ -351,11 +352,7 @@ impl Decoder {
         }
         self.check_room(pos + seq)?;
         let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
-        let mask = if seq > 1 {
-            Some(causal_mask(seq, pos, &self.device)?)
-        } else {
-            None
-        };
+        let mask = LazyMask::new(seq, pos, &self.device);
         let cos = self.cos.narrow(0, pos, seq)?;
         let sin = self.sin.narrow(0, pos, seq)?;
         let mut x = self.embed.forward(&ids)?;
@@ -363,7 +360,7 @@ impl Decoder {
             for (layer, cache) in self.layers.iter().zip(state.layers.iter_mut()) {
                 let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.cfg.rms_eps as f32)?;
                 let (q, k, v) = project_qkv(&self.cfg, layer, &h)?;
-                let y = attend(&self.cfg, cache, &q, &k, &v, mask.as_ref(), &cos, &sin)?;
+                let y = attend(&self.cfg, cache, &q, &k, &v, &mask, &cos, &sin)?;
                 x = (layer.wo.forward(&y)? + &x)?;
                 x = self.feed_forward(layer, &x)?;
             }
@@ -410,11 +407,11 @@ impl Decoder {
                 .collect()
         };
         let (cos, sin) = (rope_at(&self.cos)?, rope_at(&self.sin)?);
-        let masks: Vec<Option<Tensor>> = positions
+        let masks: Vec<LazyMask> = positions
             .iter()
             .zip(&lens)
-            .map(|(&p, &n)| (n > 1).then(|| causal_mask(n, p, &self.device)).transpose())
-            .collect::<Result<_>>()?;
+            .map(|(&p, &n)| LazyMask::new(n, p, &self.device))
+            .collect();
         let flat: Vec<u32> = tokens.iter().flat_map(|t| t.iter().copied()).collect();
         let ids = Tensor::new(flat.as_slice(), &self.device)?.unsqueeze(0)?;
         let mut x = self.embed.forward(&ids)?; // (1, rows, d): the sequences side by side
@@ -434,7 +431,7 @@ impl Decoder {
                         &rows(&q)?,
                         &rows(&k)?,
                         &rows(&v)?,
-                        masks[i].as_ref(),
+                        &masks[i],
                         &cos[i],
                         &sin[i],
                     )?);
@@ -551,7 +548,7 @@ fn attend(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    mask: Option<&Tensor>,
+    mask: &LazyMask,
     cos: &Tensor,
     sin: &Tensor,
 ) -> Result<Tensor> {
@@ -566,12 +563,28 @@ fn attend(
     let q = rope(q)?;
     let k = rope(k)?;
     let (k, v) = cache.append(&k, v, cfg.context_length)?;
+    if let Some(y) = cpu_attention(cfg, cache, &q, b, seq)? {
+        return Ok(y);
+    }
+    generic_attention(cfg, &q, &k, &v, mask)
+}
+
+/// Attention with candle ops (any device and dtype): `q` `(b, heads, seq, hd)` rotated, `k`,
+/// `v` every cached position's keys and values (the new ones last).
+fn generic_attention(
+    cfg: &DecoderConfig,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &LazyMask,
+) -> Result<Tensor> {
+    let (b, _, seq, _) = q.dims4()?;
     // Grouped-query attention without copying keys/values per query head: the `groups` query
     // heads that share a kv head are stacked along the sequence axis, `(b, n_kv, groups*seq, hd)`.
     let groups = cfg.n_head / cfg.n_kv_head;
     let q = q.reshape((b, cfg.n_kv_head, groups * seq, cfg.head_dim))?;
     let mut att = (q.matmul(&k.t()?)? / (cfg.head_dim as f64).sqrt())?;
-    if let Some(mask) = mask {
+    if let Some(mask) = mask.get()? {
         let mask = if groups > 1 {
             mask.repeat((groups, 1))?
         } else {
@@ -580,10 +593,95 @@ fn attend(
         att = att.broadcast_add(&mask)?;
     }
     let att = candle_nn::ops::softmax_last_dim(&att)?;
-    att.matmul(&v)?
+    att.matmul(v)?
         .reshape((b, cfg.n_head, seq, cfg.head_dim))?
         .transpose(1, 2)?
         .reshape((b, seq, cfg.n_head * cfg.head_dim))
+}
+
+/// [`attention::causal_attention`] on the cache's own buffers when everything is `f32` on the
+/// CPU (`None` otherwise, and the caller takes the generic path): `q` is `(b, heads, seq, hd)`
+/// rotated, the cache already holds the new positions.
+fn cpu_attention(
+    cfg: &DecoderConfig,
+    cache: &KvCache,
+    q: &Tensor,
+    b: usize,
+    seq: usize,
+) -> Result<Option<Tensor>> {
+    let (Some(keys), Some(values)) = (&cache.keys, &cache.values) else {
+        return Ok(None);
+    };
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
+    if b != 1 || !f32_cpu(q) || !f32_cpu(keys) || !f32_cpu(values) {
+        return Ok(None);
+    }
+    let q = q.contiguous()?;
+    let (q_storage, q_layout) = q.storage_and_layout();
+    let (k_storage, k_layout) = keys.storage_and_layout();
+    let (v_storage, v_layout) = values.storage_and_layout();
+    let (
+        Storage::Cpu(CpuStorage::F32(qd)),
+        Storage::Cpu(CpuStorage::F32(kd)),
+        Storage::Cpu(CpuStorage::F32(vd)),
+    ) = (&*q_storage, &*k_storage, &*v_storage)
+    else {
+        return Ok(None);
+    };
+    if !(q_layout.is_contiguous() && k_layout.is_contiguous() && v_layout.is_contiguous()) {
+        return Ok(None);
+    }
+    let heads = attention::Heads {
+        query: cfg.n_head,
+        kv: cfg.n_kv_head,
+        dim: cfg.head_dim,
+    };
+    let capacity = cache.capacity();
+    let span = cfg.n_kv_head * capacity * cfg.head_dim;
+    let out = attention::causal_attention(
+        heads,
+        &qd[q_layout.start_offset()..][..cfg.n_head * seq * cfg.head_dim],
+        &attention::Cache {
+            keys: &kd[k_layout.start_offset()..][..span],
+            values: &vd[v_layout.start_offset()..][..span],
+            capacity,
+            len: cache.len,
+        },
+        seq,
+    );
+    Tensor::from_vec(out, (1, seq, cfg.n_head * cfg.head_dim), q.device()).map(Some)
+}
+
+/// The causal mask of `seq` new positions after `pos` cached ones, made on first use (only the
+/// generic attention path uses it; none for a single position) and then shared by every layer.
+struct LazyMask<'a> {
+    seq: usize,
+    pos: usize,
+    device: &'a Device,
+    mask: std::cell::OnceCell<Option<Tensor>>,
+}
+
+impl<'a> LazyMask<'a> {
+    fn new(seq: usize, pos: usize, device: &'a Device) -> Self {
+        LazyMask {
+            seq,
+            pos,
+            device,
+            mask: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn get(&self) -> Result<Option<&Tensor>> {
+        if let Some(mask) = self.mask.get() {
+            return Ok(mask.as_ref());
+        }
+        let mask = if self.seq > 1 {
+            Some(causal_mask(self.seq, self.pos, self.device)?)
+        } else {
+            None
+        };
+        Ok(self.mask.get_or_init(|| mask).as_ref())
+    }
 }
 
 /// Additive causal mask `(seq, pos + seq)`: 0 where query `i` may see key `j`, -inf elsewhere.
@@ -616,6 +714,49 @@ fn rope_tables(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fused CPU attention gives the generic path's values through a cache that grows:
+    /// a prompt chunk, decode steps, then several positions at once.
+    #[test]
+    fn fused_attention_matches_the_generic_path() -> Result<()> {
+        let dev = Device::Cpu;
+        let cfg = DecoderConfig {
+            arch: "qwen2".into(),
+            n_layer: 1,
+            n_head: 6,
+            n_kv_head: 2,
+            n_embd: 6 * 16,
+            head_dim: 16,
+            context_length: 1024,
+            rms_eps: 1e-6,
+            rope_base: 10_000.0,
+            rope_neox: true,
+        };
+        let (cos, sin) = rope_tables(cfg.head_dim, cfg.rope_base, cfg.context_length, &dev)?;
+        let (mut fused, mut generic) = (KvCache::new(), KvCache::new());
+        let mut pos = 0;
+        for (step, seq) in [300usize, 1, 1, 3, 1].into_iter().enumerate() {
+            let random = |heads: usize, salt: u64| {
+                Tensor::randn(0f32, 1.0, (1, heads, seq, cfg.head_dim), &dev)
+                    .map(|t| (t * (1.0 + salt as f64 * 0.1)).unwrap())
+            };
+            let (q, k, v) = (random(6, 1)?, random(2, 2)?, random(2, 3)?);
+            let (c, s) = (cos.narrow(0, pos, seq)?, sin.narrow(0, pos, seq)?);
+            let mask = LazyMask::new(seq, pos, &dev);
+            let got = attend(&cfg, &mut fused, &q, &k, &v, &mask, &c, &s)?;
+            let q = candle_nn::rotary_emb::rope(&q, &c, &s)?;
+            let k = candle_nn::rotary_emb::rope(&k, &c, &s)?;
+            let (k, v) = generic.append(&k, &v, cfg.context_length)?;
+            let want = generic_attention(&cfg, &q, &k, &v, &mask)?;
+            let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(
+                diff < 1e-5,
+                "step {step} ({seq} positions): max diff {diff}"
+            );
+            pos += seq;
+        }
+        Ok(())
+    }
 
     /// The dense prompt path and the quantized decode path compute the same product: every row
     /// of a 64-row input (dense) matches that row multiplied alone (quantized kernel).

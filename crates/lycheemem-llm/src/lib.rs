@@ -14,6 +14,7 @@
 //! questions, the server's requests) should call from several threads; async callers (the
 //! server) run calls on a blocking thread pool.
 
+mod attention;
 mod chat_template;
 mod constrained;
 mod decoder;

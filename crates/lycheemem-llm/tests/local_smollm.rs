@@ -289,9 +289,24 @@ fn schema_forced_tokens_are_fed_without_a_decoding_step_each() {
 
 /// Concurrent calls are decoded together (continuous batching) and give exactly the tokens each
 /// call gets alone: greedy, with and without a schema, with prompts of different lengths (so the
-/// sequences sit at different positions in every batched step).
+/// sequences sit at different positions in every batched step). With f32 weights: a row's
+/// products then never depend on which rows are multiplied with it, so the results must be
+/// identical. (candle's quantized kernels tile rows, so with them a prompt prefilled in other
+/// chunks — after a prefix-cache hit, or beside other prompts — rounds differently, and the
+/// 135M model's near-ties between tokens can flip.)
 #[test]
 fn concurrent_calls_are_batched_and_match_sequential_results() {
+    let f32_model = |max_batch| {
+        LocalLlm::load(
+            &gguf(),
+            LocalOptions {
+                max_batch,
+                weights: LlmWeights::F32,
+                ..cpu()
+            },
+        )
+        .unwrap()
+    };
     let schema = record_schema();
     let requests: Vec<(Vec<ChatMessage>, GenerateOptions)> = DIALOGUES[..4]
         .iter()
@@ -308,14 +323,14 @@ fn concurrent_calls_are_batched_and_match_sequential_results() {
             )
         })
         .collect();
-    let alone = batching_model(1);
+    let alone = f32_model(1);
     let sequential: Vec<String> = requests
         .iter()
         .map(|(m, o)| alone.complete(m, o).unwrap().text)
         .collect();
     assert_eq!(alone.peak_batch(), 1);
 
-    let batched = batching_model(4);
+    let batched = f32_model(4);
     let start = std::sync::Barrier::new(requests.len());
     let concurrent: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = requests
@@ -458,7 +473,9 @@ fn raw_logits_agree_between_the_prompt_and_decode_paths() {
 }
 
 /// Dequantized weights (`models.llm_weights`): the same model multiplied in f32 or f16 gives
-/// logits close to the quantized kernels' and the same next token.
+/// logits close to the quantized kernels' and the same next token up to a near-tie (the token
+/// it picks scores within 1% of the quantized path's best there: 8-bit activations move logits
+/// by about that much, and this prompt's two best tokens are closer).
 #[test]
 fn dequantized_weights_agree_with_the_quantized_kernels() {
     let (_, ids) = model().prompt_tokens(&ask("Name a colour.")).unwrap();
@@ -473,8 +490,14 @@ fn dequantized_weights_agree_with_the_quantized_kernels() {
     for weights in [LlmWeights::F32, LlmWeights::F16] {
         let dense = LocalLlm::load(&gguf(), LocalOptions { weights, ..cpu() }).unwrap();
         let logits = &dense.raw_logits(&ids, &[]).unwrap()[0];
-        assert_eq!(argmax(logits), argmax(quantized), "{weights:?}");
         let scale = logits.iter().fold(0f32, |s, x| s.max(x.abs()));
+        let (best, chosen) = (argmax(quantized), argmax(logits));
+        assert!(
+            quantized[best] - quantized[chosen] <= 0.01 * scale,
+            "{weights:?} picks {chosen} ({} in the quantized path), the quantized best is {best} ({})",
+            quantized[chosen],
+            quantized[best]
+        );
         let diff = logits
             .iter()
             .zip(quantized)
