@@ -14,15 +14,20 @@
 //! see, a polynomial `exp`), and the values multiplied by a second GEMM; the normalization is
 //! applied to the output rows. Scratch buffers are per thread and reused, so a decode step
 //! allocates nothing but its output. Blocks of (key/value head, positions) run in parallel on
-//! the current rayon pool.
+//! candle's worker threads. A decode step (one position) skips the GEMMs: each key is dotted
+//! with the group's query rows and each value row added into their outputs, read once.
 
 use lycheemem_core::vector::exp_nonpositive;
-use rayon::prelude::*;
 use std::cell::RefCell;
+use std::sync::Mutex;
 
 /// Query rows (group heads × positions) per block: the block's scores (rows × visible keys)
 /// stay within a core's L2 cache for a few thousand keys.
 const BLOCK_ROWS: usize = 48;
+
+/// A decode step whose group has at most this many query heads takes the direct path (each key
+/// and value read once, no GEMM packing).
+const DIRECT_ROWS: usize = 8;
 
 /// The attention's shape: query heads, key/value heads (a divisor of the query heads) and the
 /// head dimension.
@@ -70,16 +75,20 @@ pub(crate) fn causal_attention(heads: Heads, q: &[f32], cache: &Cache, seq: usiz
     let blocks: Vec<(usize, usize)> = (0..kv)
         .flat_map(|h| (0..seq).step_by(positions_per_block).map(move |p0| (h, p0)))
         .collect();
-    // Each block writes its rows' columns of `out`; blocks are disjoint, so each returns its
-    // rows and they are placed after the parallel part.
-    let results: Vec<(usize, usize, Vec<f32>)> = blocks
-        .par_iter()
-        .map(|&(h, p0)| {
+    // Blocks run on candle's own worker threads (the ones every other op of the decoder uses:
+    // a second pool would compete with its spinning workers for the same cores). Each block's
+    // rows are kept apart and placed in `out` afterwards.
+    let results: Vec<Mutex<Vec<f32>>> = blocks.iter().map(|_| Mutex::new(Vec::new())).collect();
+    candle_core::utils::barrier_pool().execute_chunked(blocks.len(), |range| {
+        for b in range {
+            let (h, p0) = blocks[b];
             let p1 = (p0 + positions_per_block).min(seq);
-            (h, p0, block(heads, q, cache, seq, h, p0, p1))
-        })
-        .collect();
-    for (h, p0, rows) in results {
+            let rows = block(heads, q, cache, seq, h, p0, p1);
+            *results[b].lock().unwrap_or_else(|e| e.into_inner()) = rows;
+        }
+    });
+    for (&(h, p0), rows) in blocks.iter().zip(results) {
+        let rows = rows.into_inner().unwrap_or_else(|e| e.into_inner());
         let positions = rows.len() / (groups * dim);
         for g in 0..groups {
             let head = h * groups + g;
@@ -126,15 +135,22 @@ fn block(
         }
         scores.clear();
         scores.resize(rows * visible, 0.0);
-        // scores = scale · qs (rows × dim) · keysᵀ (dim × visible): the keys read transposed.
-        product(
-            scores,
-            qs,
-            keys,
-            (rows, visible, dim),
-            Transposed::Yes,
-            scale,
-        );
+        // A decode step (one position: the group's few rows) reads each key and value once;
+        // a GEMM would pack (copy) the head's whole cache first, twice per step.
+        let direct = seq == 1 && rows <= DIRECT_ROWS;
+        if direct {
+            key_scores(scores, qs, keys, dim, scale);
+        } else {
+            // scores = scale · qs (rows × dim) · keysᵀ (dim × visible): the keys read transposed.
+            product(
+                scores,
+                qs,
+                keys,
+                (rows, visible, dim),
+                Transposed::Yes,
+                scale,
+            );
+        }
         let sums: Vec<f32> = scores
             .chunks_mut(visible)
             .enumerate()
@@ -143,14 +159,18 @@ fn block(
         acc.clear();
         acc.resize(rows * dim, 0.0);
         // acc = scores (rows × visible) · values (visible × dim)
-        product(
-            acc,
-            scores,
-            values,
-            (rows, dim, visible),
-            Transposed::No,
-            1.0,
-        );
+        if direct {
+            weighted_values(acc, scores, values, rows, dim);
+        } else {
+            product(
+                acc,
+                scores,
+                values,
+                (rows, dim, visible),
+                Transposed::No,
+                1.0,
+            );
+        }
         for (row, &sum) in acc.chunks_mut(dim).zip(&sums) {
             let inv = 1.0 / sum;
             for v in row {
@@ -209,6 +229,96 @@ fn product(
             gemm::Parallelism::None,
         );
     }
+}
+
+/// `scores (rows × keys) = scale · queries (rows × dim) · keysᵀ`, reading each key row once (the
+/// decode step's path), compiled for AVX-512 or AVX2 when the CPU has them.
+fn key_scores(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
+    #[inline(always)]
+    fn body(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
+        let n = keys.len() / dim;
+        for (j, key) in keys.chunks_exact(dim).enumerate() {
+            for (r, query) in queries.chunks_exact(dim).enumerate() {
+                // 16 running sums (one vector register), then halved down to one.
+                let mut lanes = [0f32; 16];
+                let mut pairs = query.chunks_exact(16).zip(key.chunks_exact(16));
+                for (a, b) in &mut pairs {
+                    for l in 0..16 {
+                        lanes[l] += a[l] * b[l];
+                    }
+                }
+                let mut tail = 0f32;
+                for (a, b) in query[dim / 16 * 16..].iter().zip(&key[dim / 16 * 16..]) {
+                    tail += a * b;
+                }
+                for width in [8, 4, 2, 1] {
+                    for l in 0..width {
+                        lanes[l] += lanes[l + width];
+                    }
+                }
+                scores[r * n + j] = scale * (lanes[0] + tail);
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn wide(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
+            body(scores, queries, keys, dim, scale)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
+            body(scores, queries, keys, dim, scale)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            return unsafe { wide(scores, queries, keys, dim, scale) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return unsafe { avx2(scores, queries, keys, dim, scale) };
+        }
+    }
+    body(scores, queries, keys, dim, scale)
+}
+
+/// `out (rows × dim) = weights (rows × keys) · values (keys × dim)`, reading each value row once
+/// (the decode step's path), compiled for AVX-512 or AVX2 when the CPU has them.
+fn weighted_values(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
+    #[inline(always)]
+    fn body(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
+        let keys = values.len() / dim;
+        for (j, value) in values.chunks_exact(dim).enumerate() {
+            for (r, row) in out.chunks_exact_mut(dim).enumerate().take(rows) {
+                let w = weights[r * keys + j];
+                for (o, v) in row.iter_mut().zip(value) {
+                    *o += w * v;
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn wide(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
+            body(out, weights, values, rows, dim)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
+            body(out, weights, values, rows, dim)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            return unsafe { wide(out, weights, values, rows, dim) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            return unsafe { avx2(out, weights, values, rows, dim) };
+        }
+    }
+    body(out, weights, values, rows, dim)
 }
 
 /// Replaces `row[..sees]` by `e^(x - max)` and zeroes the rest (keys the row may not see);
@@ -323,11 +433,12 @@ mod tests {
     fn matches_the_textbook_computation_for_prefill_and_decode_shapes() {
         // (query heads, kv heads, dim, cached before, new positions, capacity)
         for (query, kv, dim, before, seq, capacity) in [
-            (12, 2, 16, 0, 1, 4),    // the first token
-            (12, 2, 16, 37, 1, 64),  // one decode step, 6 heads per group
-            (9, 3, 8, 5, 70, 128),   // a prefill chunk of several blocks, 3 per group
-            (4, 4, 32, 100, 3, 128), // no grouping, tokens a grammar forces together
-            (14, 2, 64, 0, 20, 20),  // 7 per group (more than one block of positions)
+            (12, 2, 16, 0, 1, 4),      // the first token
+            (12, 2, 16, 37, 1, 64),    // one decode step, 6 heads per group
+            (14, 2, 128, 500, 1, 512), // a decode step at Qwen 0.5B's head shape
+            (9, 3, 8, 5, 70, 128),     // a prefill chunk of several blocks, 3 per group
+            (4, 4, 32, 100, 3, 128),   // no grouping, tokens a grammar forces together
+            (14, 2, 64, 0, 20, 20),    // 7 per group (more than one block of positions)
         ] {
             let heads = Heads { query, kv, dim };
             let len = before + seq;
@@ -350,6 +461,42 @@ mod tests {
             assert!(
                 worst < 1e-5,
                 "{heads:?} before {before} seq {seq}: worst {worst}"
+            );
+        }
+    }
+
+    /// A position's values are the same bits whichever prompt chunk it is computed in (so a
+    /// prefix-cache hit or batching never changes a sequence's tokens).
+    #[test]
+    fn a_row_does_not_depend_on_how_the_prompt_was_chunked() {
+        let heads = Heads {
+            query: 9,
+            kv: 3,
+            dim: 64,
+        };
+        let (len, capacity) = (700, 1024);
+        let keys = values(3 * capacity * 64, 7);
+        let vals = values(3 * capacity * 64, 8);
+        let whole_q = values(9 * len * 64, 9);
+        let cache = Cache {
+            keys: &keys,
+            values: &vals,
+            capacity,
+            len,
+        };
+        let whole = causal_attention(heads, &whole_q, &cache, len);
+        let width = 9 * 64;
+        for cached in [1usize, 7, 50, 119, 300, 698] {
+            let seq = len - cached;
+            let q: Vec<f32> = (0..9)
+                .flat_map(|h| whole_q[(h * len + cached) * 64..][..seq * 64].to_vec())
+                .collect();
+            let part = causal_attention(heads, &q, &cache, seq);
+            assert!(
+                part.iter()
+                    .zip(&whole[cached * width..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "the last {seq} positions differ from the whole prompt's"
             );
         }
     }
