@@ -119,9 +119,10 @@ fn block(
     let before = cache.len - seq;
     // Every row is multiplied with all cached keys and values (the ones it may not see get
     // weight 0), as in the generic path: a row's sums then never depend on which rows share its
-    // block, so a sequence decoded alone or batched with others (or fed forced tokens one at a
-    // time or together) gets the same values, and greedy decoding the same tokens. Only the
-    // first prompt chunk pays for it (up to half its keys are hidden from a row).
+    // block, so a prompt's positions get the same bits however it was chunked (after a
+    // prefix-cache hit, or prefilled beside other sequences). Only the first prompt chunk pays
+    // for it (up to half its keys are hidden from a row). A single-position step takes the
+    // direct path below, whose sums run in another order.
     let visible = cache.len;
     let keys = &cache.keys[h * cache.capacity * dim..][..visible * dim];
     let values = &cache.values[h * cache.capacity * dim..][..visible * dim];
