@@ -569,7 +569,7 @@ pub(super) fn report_untaken_peers(
     runs.sort_by_key(|(key, _)| *key);
     for ((i, vi), run) in runs {
         let (item, v) = (&ctx.dataset.items[i], &ctx.variants[vi]);
-        if ctx.allowed(v, item) && ctx.needs_report(v, i, ck) {
+        if ctx.allowed(v, item) {
             ck.report_construction(ctx.spec, &v.name, &run.report)?;
         }
     }
