@@ -1,6 +1,6 @@
-//! Causal grouped-query attention on the CPU over plain `f32` slices: the decoder's attention
-//! for a sequence's new positions against its whole KV cache, without the tensors the generic
-//! path materializes.
+//! The CPU KV cache ([`KvBuffers`], `f16`) and causal grouped-query attention over it: the
+//! decoder's attention for a sequence's new positions against its whole cache, without the
+//! tensors the generic path materializes.
 //!
 //! The generic path (candle ops) builds, per layer, the full score matrix of every query head
 //! against every cached key, a causal mask repeated per query head, and a copy of the scores for
@@ -9,14 +9,19 @@
 //! libm `exp` per score: a profile of 8,600-token prompts put over 40% of the time there.
 //!
 //! Here the query rows that share a key/value head (the group's heads, for a block of positions)
-//! are gathered into one small matrix, their scores against the visible keys computed by one
-//! GEMM (the scale folded in), softmax applied in place row by row (only the keys each row may
-//! see, a polynomial `exp`), and the values multiplied by a second GEMM; the normalization is
-//! applied to the output rows. Scratch buffers are per thread and reused, so a decode step
-//! allocates nothing but its output. Blocks of (key/value head, positions) run in parallel on
-//! candle's worker threads. A decode step (one position) skips the GEMMs: each key is dotted
-//! with the group's query rows and each value row added into their outputs, read once.
+//! are gathered into one small matrix, their scores against the visible keys computed by GEMMs
+//! (the scale folded in), softmax applied in place row by row (only the keys each row may see, a
+//! polynomial `exp`), and the values multiplied by further GEMMs; the normalization is applied to
+//! the output rows. The cache is read in spans of [`SPAN_KEYS`] positions, each widened from
+//! `f16` into a per-thread buffer that stays in a core's cache while the span is used (`f16`
+//! halves the bytes a long context's decode step reads). Keys are stored dimension-major within
+//! tiles of [`TILE_KEYS`] positions (see [`KvBuffers`]) and widened dimension-major, so a decode step (one position), which skips the GEMMs, scores 16 keys
+//! per vector of multiply-adds with no horizontal sums; values stay position-major and each value
+//! row is added into the group's outputs. Scratch buffers are per thread and reused, so a decode
+//! step allocates nothing but its output. Blocks of (key/value head, positions) run in parallel
+//! on candle's worker threads.
 
+use half::f16;
 use lycheemem_core::vector::exp_nonpositive;
 use std::cell::RefCell;
 use std::sync::Mutex;
@@ -29,6 +34,51 @@ const BLOCK_ROWS: usize = 48;
 /// and value read once, no GEMM packing).
 const DIRECT_ROWS: usize = 8;
 
+/// Cached positions per tile: the unit of the keys' layout (and of the cache's capacity).
+pub(crate) const TILE_KEYS: usize = 256;
+
+/// Cached positions widened to `f32` at a time, a multiple of [`TILE_KEYS`]: 512 KB of keys or
+/// values at head dimension 128 (within a core's L2 cache), and few enough GEMM calls per block.
+/// Spans start at multiples of this from position 0 whatever the block, so a row's sums never
+/// depend on the block it is computed in.
+const SPAN_KEYS: usize = 4 * TILE_KEYS;
+
+/// Keys scored per vector of multiply-adds on the decode path (a divisor of [`TILE_KEYS`]).
+const KEY_LANES: usize = 16;
+
+/// Calls `body` (an `#[inline(always)]` function of the enclosing scope) compiled for AVX-512F,
+/// or AVX2 and FMA, when the CPU has them, and as compiled otherwise; the value is returned from
+/// the enclosing function.
+macro_rules! simd_dispatch {
+    ($body:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        simd_dispatch!($body($($arg: $ty),*) -> ())
+    };
+    ($body:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            fn wide($($arg: $ty),*) -> $ret {
+                $body($($arg),*)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            fn avx2($($arg: $ty),*) -> $ret {
+                $body($($arg),*)
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked above).
+                return unsafe { wide($($arg),*) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                return unsafe { avx2($($arg),*) };
+            }
+        }
+        $body($($arg),*)
+    }};
+}
+
 /// The attention's shape: query heads, key/value heads (a divisor of the query heads) and the
 /// head dimension.
 #[derive(Debug, Clone, Copy)]
@@ -38,19 +88,155 @@ pub(crate) struct Heads {
     pub(crate) dim: usize,
 }
 
-/// A key/value cache as laid out by the decoder: `(kv heads, capacity, dim)` row-major, with
-/// positions `0..len` valid.
+/// A view of a [`KvBuffers`]' first `len` positions.
 pub(crate) struct Cache<'a> {
-    pub(crate) keys: &'a [f32],
-    pub(crate) values: &'a [f32],
+    pub(crate) keys: &'a [f16],
+    pub(crate) values: &'a [f16],
     pub(crate) capacity: usize,
     pub(crate) len: usize,
 }
 
+/// Where key `j` of key/value head `h`, dimension `d` lies in the keys of a cache of `capacity`
+/// positions: `(kv heads, capacity / TILE_KEYS tiles, dim, TILE_KEYS)`, row-major.
+fn key_at(capacity: usize, dim: usize, h: usize, j: usize, d: usize) -> usize {
+    (h * capacity + j / TILE_KEYS * TILE_KEYS) * dim + d * TILE_KEYS + j % TILE_KEYS
+}
+
+/// One layer's cached keys and values of one sequence on the CPU, as `f16`: keys
+/// `(kv heads, capacity / TILE_KEYS, dim, TILE_KEYS)` (each tile of positions dimension-major),
+/// values `(kv heads, capacity, dim)`. The capacity is a multiple of [`TILE_KEYS`] and doubles
+/// when full; which positions are valid is the owner's `len`.
+pub(crate) struct KvBuffers {
+    heads: usize,
+    dim: usize,
+    capacity: usize,
+    keys: Vec<f16>,
+    values: Vec<f16>,
+}
+
+impl KvBuffers {
+    pub(crate) fn new(heads: usize, dim: usize) -> Self {
+        KvBuffers {
+            heads,
+            dim,
+            capacity: 0,
+            keys: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    /// `(kv heads, dim)`.
+    pub(crate) fn shape(&self) -> (usize, usize) {
+        (self.heads, self.dim)
+    }
+
+    /// Room for `needed` positions (at most `max` unless more are needed), keeping the first
+    /// `keep`.
+    fn reserve(&mut self, needed: usize, keep: usize, max: usize) {
+        if needed <= self.capacity {
+            return;
+        }
+        let capacity = needed
+            .next_power_of_two()
+            .clamp(TILE_KEYS, max.max(needed))
+            .div_ceil(TILE_KEYS)
+            * TILE_KEYS;
+        let (heads, dim) = (self.heads, self.dim);
+        let mut keys = vec![f16::ZERO; heads * capacity * dim];
+        let mut values = vec![f16::ZERO; heads * capacity * dim];
+        // Within a head the first `n` positions are the first `n * dim` elements in both layouts
+        // (for keys, `n` rounded up to whole tiles).
+        let (kept_keys, kept_values) = (keep.div_ceil(TILE_KEYS) * TILE_KEYS * dim, keep * dim);
+        for h in 0..heads {
+            let (from, to) = (h * self.capacity * dim, h * capacity * dim);
+            keys[to..][..kept_keys].copy_from_slice(&self.keys[from..][..kept_keys]);
+            values[to..][..kept_values].copy_from_slice(&self.values[from..][..kept_values]);
+        }
+        self.keys = keys;
+        self.values = values;
+        self.capacity = capacity;
+    }
+
+    /// Writes `seq` positions at `at..` (kept: the first `at`): `k` and `v` are
+    /// `(kv heads, seq, dim)` row-major. At most `max` positions are allocated unless more are
+    /// needed.
+    pub(crate) fn write(&mut self, at: usize, k: &[f32], v: &[f32], seq: usize, max: usize) {
+        let (heads, dim) = (self.heads, self.dim);
+        assert!(k.len() == heads * seq * dim && v.len() == k.len());
+        self.reserve(at + seq, at, max);
+        for h in 0..heads {
+            for i in 0..seq {
+                let j = at + i;
+                let (key, value) = (&k[(h * seq + i) * dim..][..dim], &v[(h * seq + i) * dim..]);
+                for (d, x) in key.iter().enumerate() {
+                    self.keys[key_at(self.capacity, dim, h, j, d)] = f16::from_f32(*x);
+                }
+                let to = &mut self.values[(h * self.capacity + j) * dim..][..dim];
+                for (y, x) in to.iter_mut().zip(value) {
+                    *y = f16::from_f32(*x);
+                }
+            }
+        }
+    }
+
+    /// Makes these buffers hold `src`'s first `len` positions (reusing their allocation).
+    pub(crate) fn copy_prefix(&mut self, src: &KvBuffers, len: usize, max: usize) {
+        assert!(len <= src.capacity && src.shape() == self.shape());
+        self.reserve(len, 0, max);
+        let dim = self.dim;
+        let (kept_keys, kept_values) = (len.div_ceil(TILE_KEYS) * TILE_KEYS * dim, len * dim);
+        for h in 0..self.heads {
+            let (from, to) = (h * src.capacity * dim, h * self.capacity * dim);
+            self.keys[to..][..kept_keys].copy_from_slice(&src.keys[from..][..kept_keys]);
+            self.values[to..][..kept_values].copy_from_slice(&src.values[from..][..kept_values]);
+        }
+    }
+
+    /// The first `len` positions (written before).
+    pub(crate) fn view(&self, len: usize) -> Cache<'_> {
+        assert!(len <= self.capacity);
+        Cache {
+            keys: &self.keys,
+            values: &self.values,
+            capacity: self.capacity,
+            len,
+        }
+    }
+
+    /// The first `len` positions' keys and values as `f32`, `(kv heads, len, dim)` row-major
+    /// each (the layout of the generic attention path).
+    #[cfg(test)]
+    pub(crate) fn rows(&self, len: usize) -> (Vec<f32>, Vec<f32>) {
+        let (heads, dim) = (self.heads, self.dim);
+        let mut keys = Vec::with_capacity(heads * len * dim);
+        let mut values = Vec::with_capacity(heads * len * dim);
+        for h in 0..heads {
+            for j in 0..len {
+                for d in 0..dim {
+                    keys.push(self.keys[key_at(self.capacity, dim, h, j, d)].to_f32());
+                    values.push(self.values[(h * self.capacity + j) * dim + d].to_f32());
+                }
+            }
+        }
+        (keys, values)
+    }
+}
+
+/// Per-thread buffers of the current block.
+#[derive(Default)]
+struct Scratch {
+    /// The block's query rows, gathered.
+    queries: Vec<f32>,
+    /// rows × visible keys.
+    scores: Vec<f32>,
+    /// rows × dim.
+    out: Vec<f32>,
+    /// One span of keys (dimension-major) or values (position-major), widened.
+    span: Vec<f32>,
+}
+
 thread_local! {
-    /// (gathered query rows, scores, output rows) of the current block.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
-        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// Attention of `seq` new positions, the last `seq` of the cache's `len`: `q` is
@@ -61,7 +247,10 @@ pub(crate) fn causal_attention(heads: Heads, q: &[f32], cache: &Cache, seq: usiz
     let Heads { query, kv, dim } = heads;
     let groups = query / kv;
     assert!(
-        groups * kv == query && seq <= cache.len && cache.len <= cache.capacity,
+        groups * kv == query
+            && seq <= cache.len
+            && cache.len <= cache.capacity
+            && cache.capacity.is_multiple_of(TILE_KEYS),
         "attention shapes: {heads:?}, seq {seq}, cache {} of {}",
         cache.len,
         cache.capacity
@@ -124,89 +313,151 @@ fn block(
     // for it (up to half its keys are hidden from a row). A single-position step takes the
     // direct path below, whose sums run in another order.
     let visible = cache.len;
-    let keys = &cache.keys[h * cache.capacity * dim..][..visible * dim];
+    let keys = &cache.keys[h * cache.capacity * dim..][..cache.capacity * dim];
     let values = &cache.values[h * cache.capacity * dim..][..visible * dim];
     let scale = 1.0 / (dim as f32).sqrt();
+    // A decode step (one position: the group's few rows) reads each key and value once; a GEMM
+    // would pack (copy) every tile first.
+    let direct = seq == 1 && rows <= DIRECT_ROWS;
     SCRATCH.with(|scratch| {
-        let (qs, scores, acc) = &mut *scratch.borrow_mut();
-        qs.clear();
+        let Scratch {
+            queries,
+            scores,
+            out,
+            span,
+        } = &mut *scratch.borrow_mut();
+        queries.clear();
         for g in 0..groups {
             let head = h * groups + g;
-            qs.extend_from_slice(&q[(head * seq + p0) * dim..][..positions * dim]);
+            queries.extend_from_slice(&q[(head * seq + p0) * dim..][..positions * dim]);
         }
         scores.clear();
         scores.resize(rows * visible, 0.0);
-        // A decode step (one position: the group's few rows) reads each key and value once;
-        // a GEMM would pack (copy) the head's whole cache first, twice per step.
-        let direct = seq == 1 && rows <= DIRECT_ROWS;
-        if direct {
-            key_scores(scores, qs, keys, dim, scale);
-        } else {
-            // scores = scale · qs (rows × dim) · keysᵀ (dim × visible): the keys read transposed.
-            product(
-                scores,
-                qs,
-                keys,
-                (rows, visible, dim),
-                Transposed::Yes,
-                scale,
-            );
+        span.resize(SPAN_KEYS * dim, 0.0);
+        for first in (0..visible).step_by(SPAN_KEYS) {
+            let n = SPAN_KEYS.min(visible - first);
+            // The span's keys, dimension-major: row d holds dimension d of its n keys, gathered
+            // from the tiles' rows.
+            for (t, tile) in (first..first + n).step_by(TILE_KEYS).enumerate() {
+                let count = TILE_KEYS.min(first + n - tile);
+                let stored = &keys[tile * dim..][..TILE_KEYS * dim];
+                for (to, from) in span
+                    .chunks_exact_mut(SPAN_KEYS)
+                    .zip(stored.chunks_exact(TILE_KEYS))
+                {
+                    widen(&mut to[t * TILE_KEYS..][..count], &from[..count]);
+                }
+            }
+            let dst = &mut scores[first..];
+            if direct {
+                key_scores(dst, visible, queries, span, n, scale);
+            } else {
+                // scores[.., span] = scale · queries (rows × dim) · span (dim × n)
+                product(
+                    dst,
+                    queries,
+                    span,
+                    Gemm {
+                        shape: (rows, n, dim),
+                        strides: (visible, dim, SPAN_KEYS),
+                        scale,
+                        accumulate: false,
+                    },
+                );
+            }
         }
         let sums: Vec<f32> = scores
             .chunks_mut(visible)
             .enumerate()
             .map(|(r, row)| softmax_prefix(row, before + p0 + r % positions + 1))
             .collect();
-        acc.clear();
-        acc.resize(rows * dim, 0.0);
-        // acc = scores (rows × visible) · values (visible × dim)
-        if direct {
-            weighted_values(acc, scores, values, rows, dim);
-        } else {
-            product(
-                acc,
-                scores,
-                values,
-                (rows, dim, visible),
-                Transposed::No,
-                1.0,
-            );
+        out.clear();
+        out.resize(rows * dim, 0.0);
+        for first in (0..visible).step_by(SPAN_KEYS) {
+            let n = SPAN_KEYS.min(visible - first);
+            let span = &mut span[..n * dim];
+            widen(span, &values[first * dim..][..n * dim]);
+            let weights = &scores[first..];
+            if direct {
+                weighted_values(out, weights, visible, span, dim);
+            } else {
+                // out += scores[.., span] (rows × n) · span (n × dim)
+                product(
+                    out,
+                    weights,
+                    span,
+                    Gemm {
+                        shape: (rows, dim, n),
+                        strides: (dim, visible, dim),
+                        scale: 1.0,
+                        accumulate: first > 0,
+                    },
+                );
+            }
         }
-        for (row, &sum) in acc.chunks_mut(dim).zip(&sums) {
+        for (row, &sum) in out.chunks_mut(dim).zip(&sums) {
             let inv = 1.0 / sum;
             for v in row {
                 *v *= inv;
             }
         }
-        acc.clone()
+        out.clone()
     })
 }
 
-/// Whether the right operand of [`product`] is stored transposed (`n × k` row-major).
-#[derive(Clone, Copy, PartialEq)]
-enum Transposed {
-    Yes,
-    No,
+/// `dst ← src` widened to `f32`, with the CPU's F16C conversions when it has them.
+fn widen(dst: &mut [f32], src: &[f16]) {
+    assert_eq!(dst.len(), src.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx,f16c")]
+        fn f16c(dst: &mut [f32], src: &[f16]) {
+            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+            let whole = src.len() / 8 * 8;
+            for (d, s) in dst[..whole].chunks_exact_mut(8).zip(src.chunks_exact(8)) {
+                // SAFETY: `s` holds 8 f16 (16 bytes) and `d` 8 f32; unaligned loads and stores.
+                unsafe {
+                    let halves = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
+                    _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(halves));
+                }
+            }
+            for (d, s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+                *d = s.to_f32();
+            }
+        }
+        if std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the CPU has AVX and F16C (checked above).
+            return unsafe { f16c(dst, src) };
+        }
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
 }
 
-/// `dst (m × n) = beta · lhs (m × k) · rhs (k × n)`, all row-major (`rhs` stored as its
-/// transpose, `n × k`, with [`Transposed::Yes`]), on the calling thread.
-fn product(
-    dst: &mut [f32],
-    lhs: &[f32],
-    rhs: &[f32],
-    (m, n, k): (usize, usize, usize),
-    transposed: Transposed,
-    beta: f32,
-) {
-    assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
-    // Strides in elements: (column, row) of rhs read as k × n.
-    let (rhs_cs, rhs_rs) = match transposed {
-        Transposed::Yes => (k as isize, 1),
-        Transposed::No => (1, n as isize),
-    };
-    // SAFETY: the slices hold at least m × n, m × k and k × n elements (asserted above), and
-    // with these strides every element read or written lies within them.
+/// One [`product`]: `shape` is (m, n, k), `strides` the distances between rows of `dst`,
+/// `lhs` and `rhs`; `accumulate` adds to `dst` instead of overwriting it.
+struct Gemm {
+    shape: (usize, usize, usize),
+    strides: (usize, usize, usize),
+    scale: f32,
+    accumulate: bool,
+}
+
+/// `dst (m × n) (+)= scale · lhs (m × k) · rhs (k × n)`, all row-major with the given row
+/// strides, on the calling thread.
+fn product(dst: &mut [f32], lhs: &[f32], rhs: &[f32], g: Gemm) {
+    let (m, n, k) = g.shape;
+    let (dst_rs, lhs_rs, rhs_rs) = g.strides;
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    assert!(dst_rs >= n && lhs_rs >= k && rhs_rs >= n);
+    assert!(dst.len() >= (m - 1) * dst_rs + n);
+    assert!(lhs.len() >= (m - 1) * lhs_rs + k && rhs.len() >= (k - 1) * rhs_rs + n);
+    // SAFETY: with these strides every element read or written lies within the slices (their
+    // lengths are asserted above).
     unsafe {
         gemm::gemm(
             m,
@@ -214,16 +465,16 @@ fn product(
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
-            false,
+            dst_rs as isize,
+            g.accumulate,
             lhs.as_ptr(),
             1,
-            k as isize,
+            lhs_rs as isize,
             rhs.as_ptr(),
-            rhs_cs,
-            rhs_rs,
-            0.0,
-            beta,
+            1,
+            rhs_rs as isize,
+            1.0,
+            g.scale,
             false,
             false,
             false,
@@ -232,94 +483,75 @@ fn product(
     }
 }
 
-/// `scores (rows × keys) = scale · queries (rows × dim) · keysᵀ`, reading each key row once (the
-/// decode step's path), compiled for AVX-512 or AVX2 when the CPU has them.
-fn key_scores(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
+/// `scores (rows × n, row stride `stride`) = scale · queries (rows × dim) · span (dim × n)`,
+/// `span` a widened span of keys (`dim × SPAN_KEYS`, dimension-major, its first `n` columns
+/// valid): 16 keys per vector of multiply-adds, no horizontal sums (the decode step's path).
+fn key_scores(
+    scores: &mut [f32],
+    stride: usize,
+    queries: &[f32],
+    span: &[f32],
+    n: usize,
+    scale: f32,
+) {
     #[inline(always)]
-    fn body(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
-        let n = keys.len() / dim;
-        for (j, key) in keys.chunks_exact(dim).enumerate() {
+    fn body(
+        scores: &mut [f32],
+        stride: usize,
+        queries: &[f32],
+        span: &[f32],
+        n: usize,
+        scale: f32,
+    ) {
+        let dim = span.len() / SPAN_KEYS;
+        for first in (0..n).step_by(KEY_LANES) {
+            let width = KEY_LANES.min(n - first);
             for (r, query) in queries.chunks_exact(dim).enumerate() {
-                // 16 running sums (one vector register), then halved down to one.
-                let mut lanes = [0f32; 16];
-                let mut pairs = query.chunks_exact(16).zip(key.chunks_exact(16));
-                for (a, b) in &mut pairs {
-                    for l in 0..16 {
-                        lanes[l] += a[l] * b[l];
+                // Lanes past `n` read stale span columns and are not stored.
+                let mut lanes = [0f32; KEY_LANES];
+                for (q, keys) in query.iter().zip(span[first..].chunks(SPAN_KEYS)) {
+                    let keys = &keys[..KEY_LANES];
+                    for l in 0..KEY_LANES {
+                        lanes[l] += q * keys[l];
                     }
                 }
-                let mut tail = 0f32;
-                for (a, b) in query[dim / 16 * 16..].iter().zip(&key[dim / 16 * 16..]) {
-                    tail += a * b;
+                for (s, l) in scores[r * stride + first..][..width].iter_mut().zip(lanes) {
+                    *s = scale * l;
                 }
-                for width in [8, 4, 2, 1] {
-                    for l in 0..width {
-                        lanes[l] += lanes[l + width];
-                    }
-                }
-                scores[r * n + j] = scale * (lanes[0] + tail);
             }
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn wide(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
-            body(scores, queries, keys, dim, scale)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(scores: &mut [f32], queries: &[f32], keys: &[f32], dim: usize, scale: f32) {
-            body(scores, queries, keys, dim, scale)
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked above).
-            return unsafe { wide(scores, queries, keys, dim, scale) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA (checked above).
-            return unsafe { avx2(scores, queries, keys, dim, scale) };
-        }
-    }
-    body(scores, queries, keys, dim, scale)
+    simd_dispatch!(body(
+        scores: &mut [f32],
+        stride: usize,
+        queries: &[f32],
+        span: &[f32],
+        n: usize,
+        scale: f32,
+    ))
 }
 
-/// `out (rows × dim) = weights (rows × keys) · values (keys × dim)`, reading each value row once
-/// (the decode step's path), compiled for AVX-512 or AVX2 when the CPU has them.
-fn weighted_values(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
+/// `out (rows × dim) += weights (rows × keys, row stride `stride`) · values (keys × dim)`,
+/// reading each value row once (the decode step's path).
+fn weighted_values(out: &mut [f32], weights: &[f32], stride: usize, values: &[f32], dim: usize) {
     #[inline(always)]
-    fn body(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
-        let keys = values.len() / dim;
+    fn body(out: &mut [f32], weights: &[f32], stride: usize, values: &[f32], dim: usize) {
         for (j, value) in values.chunks_exact(dim).enumerate() {
-            for (r, row) in out.chunks_exact_mut(dim).enumerate().take(rows) {
-                let w = weights[r * keys + j];
+            for (r, row) in out.chunks_exact_mut(dim).enumerate() {
+                let w = weights[r * stride + j];
                 for (o, v) in row.iter_mut().zip(value) {
                     *o += w * v;
                 }
             }
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn wide(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
-            body(out, weights, values, rows, dim)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(out: &mut [f32], weights: &[f32], values: &[f32], rows: usize, dim: usize) {
-            body(out, weights, values, rows, dim)
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked above).
-            return unsafe { wide(out, weights, values, rows, dim) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA (checked above).
-            return unsafe { avx2(out, weights, values, rows, dim) };
-        }
-    }
-    body(out, weights, values, rows, dim)
+    simd_dispatch!(body(
+        out: &mut [f32],
+        weights: &[f32],
+        stride: usize,
+        values: &[f32],
+        dim: usize,
+    ))
 }
 
 /// Replaces `row[..sees]` by `e^(x - max)` and zeroes the rest (keys the row may not see);
@@ -328,8 +560,7 @@ fn softmax_prefix(row: &mut [f32], sees: usize) -> f32 {
     let (seen, hidden) = row.split_at_mut(sees);
     hidden.fill(0.0);
     let max = lanes_max(seen);
-    exp_shifted(seen, max);
-    seen.iter().sum()
+    exp_shifted(seen, max)
 }
 
 /// The largest value of a non-empty row (16 running maxima the compiler keeps in one vector).
@@ -348,35 +579,26 @@ fn lanes_max(row: &[f32]) -> f32 {
     max
 }
 
-/// `x ← e^(x - max)` over the row, compiled for AVX-512 or AVX2 when the CPU has them.
-fn exp_shifted(row: &mut [f32], max: f32) {
+/// `x ← e^(x - max)` over the row; returns their sum (16 running sums in the same pass).
+fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
     #[inline(always)]
-    fn body(row: &mut [f32], max: f32) {
-        for x in row {
+    fn body(row: &mut [f32], max: f32) -> f32 {
+        let mut lanes = [0f32; 16];
+        let mut chunks = row.chunks_exact_mut(16);
+        for chunk in &mut chunks {
+            for (x, sum) in chunk.iter_mut().zip(&mut lanes) {
+                *x = exp_nonpositive(*x - max);
+                *sum += *x;
+            }
+        }
+        let mut tail = 0f32;
+        for x in chunks.into_remainder() {
             *x = exp_nonpositive(*x - max);
+            tail += *x;
         }
+        lanes.iter().sum::<f32>() + tail
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn wide(row: &mut [f32], max: f32) {
-            body(row, max)
-        }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(row: &mut [f32], max: f32) {
-            body(row, max)
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked above).
-            return unsafe { wide(row, max) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA (checked above).
-            return unsafe { avx2(row, max) };
-        }
-    }
-    body(row, max)
+    simd_dispatch!(body(row: &mut [f32], max: f32) -> f32)
 }
 
 #[cfg(test)]
@@ -396,10 +618,11 @@ mod tests {
                 let qrow = &q[(head * seq + p) * dim..][..dim];
                 let scores: Vec<f64> = (0..sees)
                     .map(|j| {
-                        let k = &cache.keys[(h * cache.capacity + j) * dim..][..dim];
-                        qrow.iter()
-                            .zip(k)
-                            .map(|(a, b)| *a as f64 * *b as f64)
+                        (0..dim)
+                            .map(|d| {
+                                let k = cache.keys[key_at(cache.capacity, dim, h, j, d)];
+                                qrow[d] as f64 * k.to_f64()
+                            })
                             .sum::<f64>()
                             / (dim as f64).sqrt()
                     })
@@ -409,13 +632,18 @@ mod tests {
                 let sum: f64 = e.iter().sum();
                 for d in 0..dim {
                     let v: f64 = (0..sees)
-                        .map(|j| e[j] * cache.values[(h * cache.capacity + j) * dim + d] as f64)
+                        .map(|j| e[j] * cache.values[(h * cache.capacity + j) * dim + d].to_f64())
                         .sum();
                     out[p * query * dim + head * dim + d] = (v / sum) as f32;
                 }
             }
         }
         out
+    }
+
+    /// Stored as the cache stores them.
+    fn halves(x: Vec<f32>) -> Vec<f16> {
+        x.into_iter().map(f16::from_f32).collect()
     }
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -434,17 +662,22 @@ mod tests {
     fn matches_the_textbook_computation_for_prefill_and_decode_shapes() {
         // (query heads, kv heads, dim, cached before, new positions, capacity)
         for (query, kv, dim, before, seq, capacity) in [
-            (12, 2, 16, 0, 1, 4),      // the first token
-            (12, 2, 16, 37, 1, 64),    // one decode step, 6 heads per group
-            (14, 2, 128, 500, 1, 512), // a decode step at Qwen 0.5B's head shape
-            (9, 3, 8, 5, 70, 128),     // a prefill chunk of several blocks, 3 per group
-            (4, 4, 32, 100, 3, 128),   // no grouping, tokens a grammar forces together
-            (14, 2, 64, 0, 20, 20),    // 7 per group (more than one block of positions)
+            (12, 2, 16, 0, 1, 256),     // the first token
+            (12, 2, 16, 37, 1, 256),    // one decode step, 6 heads per group
+            (14, 2, 128, 500, 1, 512),  // a decode step at Qwen 0.5B's head shape
+            (9, 3, 8, 5, 70, 256),      // a prefill chunk of several blocks, 3 per group
+            (4, 4, 32, 100, 3, 256),    // no grouping, tokens a grammar forces together
+            (14, 2, 64, 0, 20, 256),    // 7 per group (more than one block of positions)
+            (12, 2, 16, 512, 1, 768),   // a decode step over whole tiles only
+            (12, 2, 16, 1500, 1, 2048), // a decode step over two spans of keys
+            (9, 3, 8, 1030, 5, 2048),   // a chunk over two spans
+            (12, 2, 128, 600, 1, 1024), // a decode step over several key tiles
+            (12, 2, 32, 530, 9, 1024),  // a chunk over several key tiles (partial last one)
         ] {
             let heads = Heads { query, kv, dim };
             let len = before + seq;
-            let keys = values(kv * capacity * dim, 1);
-            let vals = values(kv * capacity * dim, 2);
+            let keys = halves(values(kv * capacity * dim, 1));
+            let vals = halves(values(kv * capacity * dim, 2));
             let q = values(query * seq * dim, 3);
             let cache = Cache {
                 keys: &keys,
@@ -475,9 +708,9 @@ mod tests {
             kv: 3,
             dim: 64,
         };
-        let (len, capacity) = (700, 1024);
-        let keys = values(3 * capacity * 64, 7);
-        let vals = values(3 * capacity * 64, 8);
+        let (len, capacity) = (1300, 2048);
+        let keys = halves(values(3 * capacity * 64, 7));
+        let vals = halves(values(3 * capacity * 64, 8));
         let whole_q = values(9 * len * 64, 9);
         let cache = Cache {
             keys: &keys,
@@ -487,7 +720,7 @@ mod tests {
         };
         let whole = causal_attention(heads, &whole_q, &cache, len);
         let width = 9 * 64;
-        for cached in [1usize, 7, 50, 119, 300, 698] {
+        for cached in [1usize, 7, 50, 119, 300, 698, 1025, 1298] {
             let seq = len - cached;
             let q: Vec<f32> = (0..9)
                 .flat_map(|h| whole_q[(h * len + cached) * 64..][..seq * 64].to_vec())
@@ -503,6 +736,73 @@ mod tests {
     }
 
     #[test]
+    fn buffers_keep_what_was_written_across_growth_and_prefix_copies() {
+        let (heads, dim, max) = (2, 8, 4096);
+        let mut kv = KvBuffers::new(heads, dim);
+        // What `rows` should give: per head, every written position's values as f16.
+        let (mut keys, mut vals) = (vec![Vec::new(); heads], vec![Vec::new(); heads]);
+        let mut len = 0;
+        for (step, seq) in [3usize, 300, 1, 250, 1].into_iter().enumerate() {
+            let k = values(heads * seq * dim, 10 + step as u64);
+            let v = values(heads * seq * dim, 20 + step as u64);
+            kv.write(len, &k, &v, seq, max);
+            for h in 0..heads {
+                let part = |x: &[f32]| -> Vec<f32> {
+                    x[h * seq * dim..][..seq * dim]
+                        .iter()
+                        .map(|x| f16::from_f32(*x).to_f32())
+                        .collect()
+                };
+                keys[h].extend(part(&k));
+                vals[h].extend(part(&v));
+            }
+            len += seq;
+            assert!(kv.capacity.is_multiple_of(TILE_KEYS));
+            assert!(kv.capacity >= len);
+            assert_eq!(
+                kv.rows(len),
+                (keys.concat(), vals.concat()),
+                "after step {step}"
+            );
+        }
+        // A prefix copy into buffers that held something else, then a write after it.
+        let mut other = KvBuffers::new(heads, dim);
+        other.write(
+            0,
+            &values(heads * 700 * dim, 1),
+            &values(heads * 700 * dim, 2),
+            700,
+            max,
+        );
+        other.copy_prefix(&kv, 301, max);
+        let prefix = |x: &[Vec<f32>]| -> Vec<f32> {
+            x.iter().flat_map(|h| h[..301 * dim].to_vec()).collect()
+        };
+        assert_eq!(other.rows(301), (prefix(&keys), prefix(&vals)));
+        let mut small = KvBuffers::new(heads, dim);
+        small.copy_prefix(&kv, 301, max);
+        assert_eq!(small.rows(301), (prefix(&keys), prefix(&vals)));
+    }
+
+    #[test]
+    fn widening_gives_each_half_exactly() {
+        // Every length around the 8-wide conversions, values across f16's range (subnormals,
+        // infinities and NaN included).
+        let all: Vec<f16> = (0..=u16::MAX).step_by(7).map(f16::from_bits).collect();
+        for len in [0, 1, 7, 8, 9, 23, all.len()] {
+            let mut wide = vec![0f32; len];
+            widen(&mut wide, &all[..len]);
+            for (w, h) in wide.iter().zip(&all) {
+                let want = h.to_f32();
+                assert!(
+                    w.to_bits() == want.to_bits() || (w.is_nan() && want.is_nan()),
+                    "{h:?}: {w} != {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn keys_past_the_cache_length_are_never_read() {
         // Garbage (NaN) beyond `len` in the buffers must not reach the output.
         let heads = Heads {
@@ -510,14 +810,14 @@ mod tests {
             kv: 2,
             dim: 8,
         };
-        let (capacity, len, seq) = (16, 5, 2);
-        let mut keys = values(2 * capacity * 8, 4);
-        let mut vals = values(2 * capacity * 8, 5);
+        let (capacity, len, seq) = (256, 5, 2);
+        let mut keys = halves(values(2 * capacity * 8, 4));
+        let mut vals = halves(values(2 * capacity * 8, 5));
         for h in 0..2 {
             for j in len..capacity {
                 for d in 0..8 {
-                    keys[(h * capacity + j) * 8 + d] = f32::NAN;
-                    vals[(h * capacity + j) * 8 + d] = f32::NAN;
+                    keys[key_at(capacity, 8, h, j, d)] = f16::NAN;
+                    vals[(h * capacity + j) * 8 + d] = f16::NAN;
                 }
             }
         }

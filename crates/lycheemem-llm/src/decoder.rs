@@ -9,7 +9,7 @@
 
 use crate::attention;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
-use candle_core::{CpuStorage, D, DType, Device, IndexOp, Module, Result, Storage, Tensor};
+use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 use lycheemem_core::LlmWeights;
 use std::sync::Arc;
@@ -161,54 +161,83 @@ struct Layer {
     w_down: Linear,
 }
 
-/// Keys and values of the cached positions in preallocated buffers `(1, n_kv_head, capacity,
-/// head_dim)`; positions `0..len` are valid. Appending writes in place (capacity doubles when
-/// full), and truncating to a prefix only moves `len`: no per-token copy of the whole cache.
+/// One layer's cached keys and values of one sequence; positions `0..len` are valid. Appending
+/// writes in place (capacity doubles when full), and truncating to a prefix only moves `len`: no
+/// per-token copy of the whole cache.
 struct KvCache {
-    keys: Option<Tensor>,
-    values: Option<Tensor>,
+    store: KvStore,
     len: usize,
+}
+
+enum KvStore {
+    /// Nothing appended yet.
+    Empty,
+    /// On the CPU: `f16` buffers laid out for [`attention::causal_attention`] (a long context's
+    /// decode step is bound by reading the cache: half the bytes of `f32`, and llama.cpp's
+    /// default cache type too).
+    Cpu(attention::KvBuffers),
+    /// Elsewhere: preallocated tensors `(1, n_kv_head, capacity, head_dim)` in the projections'
+    /// dtype, read by the generic attention path.
+    Tensors { keys: Tensor, values: Tensor },
 }
 
 impl KvCache {
     fn new() -> Self {
         KvCache {
-            keys: None,
-            values: None,
+            store: KvStore::Empty,
             len: 0,
         }
     }
 
-    fn capacity(&self) -> usize {
-        self.keys.as_ref().map_or(0, |k| k.dim(2).unwrap_or(0))
-    }
-
-    /// Appends `k`, `v` `(1, n_kv, seq, hd)` and returns views of all cached keys and values.
-    fn append(&mut self, k: &Tensor, v: &Tensor, max: usize) -> Result<(Tensor, Tensor)> {
-        let seq = k.dim(2)?;
+    /// Appends `k`, `v` `(1, n_kv, seq, hd)` after the `len` cached positions.
+    fn append(&mut self, k: &Tensor, v: &Tensor, max: usize) -> Result<()> {
+        let (_, heads, seq, hd) = k.dims4()?;
+        if k.device().is_cpu() {
+            if matches!(self.store, KvStore::Empty) {
+                self.store = KvStore::Cpu(attention::KvBuffers::new(heads, hd));
+            }
+            let KvStore::Cpu(buffers) = &mut self.store else {
+                candle_core::bail!("a CPU cache holds CPU buffers");
+            };
+            if buffers.shape() != (heads, hd) {
+                candle_core::bail!(
+                    "keys {:?} for a cache of {:?}",
+                    (heads, hd),
+                    buffers.shape()
+                );
+            }
+            let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+            buffers.write(self.len, &flat(k)?, &flat(v)?, seq, max);
+            self.len += seq;
+            return Ok(());
+        }
         let needed = self.len + seq;
-        if needed > self.capacity() {
+        let capacity = match &self.store {
+            KvStore::Tensors { keys, .. } => keys.dim(2)?,
+            _ => 0,
+        };
+        if needed > capacity {
             let capacity = needed.next_power_of_two().clamp(256, max.max(needed));
-            let (b, heads, _, hd) = k.dims4()?;
-            let grow = |old: &Option<Tensor>| -> Result<Tensor> {
-                let buf = Tensor::zeros((b, heads, capacity, hd), k.dtype(), k.device())?;
-                if let Some(old) = old.as_ref().filter(|_| self.len > 0) {
+            let grow = |old: Option<&Tensor>| -> Result<Tensor> {
+                let buf = Tensor::zeros((1, heads, capacity, hd), k.dtype(), k.device())?;
+                if let Some(old) = old.filter(|_| self.len > 0) {
                     buf.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
                 }
                 Ok(buf)
             };
-            let (keys, values) = (grow(&self.keys)?, grow(&self.values)?);
-            self.keys = Some(keys);
-            self.values = Some(values);
+            let (keys, values) = match &self.store {
+                KvStore::Tensors { keys, values } => (grow(Some(keys))?, grow(Some(values))?),
+                _ => (grow(None)?, grow(None)?),
+            };
+            self.store = KvStore::Tensors { keys, values };
         }
-        let (keys, values) = (
-            self.keys.as_ref().expect("allocated"),
-            self.values.as_ref().expect("allocated"),
-        );
+        let KvStore::Tensors { keys, values } = &self.store else {
+            candle_core::bail!("the cache tensors were just made");
+        };
         keys.slice_set(&k.contiguous()?, 2, self.len)?;
         values.slice_set(&v.contiguous()?, 2, self.len)?;
         self.len = needed;
-        Ok((keys.narrow(2, 0, self.len)?, values.narrow(2, 0, self.len)?))
+        Ok(())
     }
 }
 
@@ -317,14 +346,31 @@ impl Decoder {
             return Ok(());
         }
         for (to, from) in dst.layers.iter_mut().zip(&src.layers) {
-            let (Some(keys), Some(values)) = (&from.keys, &from.values) else {
-                candle_core::bail!("cache without buffers holds {len} positions");
+            let copied = match &from.store {
+                KvStore::Cpu(buffers) => {
+                    match &mut to.store {
+                        KvStore::Cpu(mine) if mine.shape() == buffers.shape() => {
+                            mine.copy_prefix(buffers, len, self.cfg.context_length)
+                        }
+                        mine => {
+                            let (heads, dim) = buffers.shape();
+                            let mut fresh = attention::KvBuffers::new(heads, dim);
+                            fresh.copy_prefix(buffers, len, self.cfg.context_length);
+                            *mine = KvStore::Cpu(fresh);
+                        }
+                    }
+                    to.len = len;
+                    Ok(())
+                }
+                KvStore::Tensors { keys, values } => to.append(
+                    &keys.narrow(2, 0, len)?,
+                    &values.narrow(2, 0, len)?,
+                    self.cfg.context_length,
+                ),
+                KvStore::Empty => {
+                    candle_core::bail!("cache without buffers holds {len} positions")
+                }
             };
-            let copied = to.append(
-                &keys.narrow(2, 0, len)?,
-                &values.narrow(2, 0, len)?,
-                self.cfg.context_length,
-            );
             if let Err(e) = copied {
                 dst.truncate(0);
                 return Err(e);
@@ -562,11 +608,18 @@ fn attend(
     };
     let q = rope(q)?;
     let k = rope(k)?;
-    let (k, v) = cache.append(&k, v, cfg.context_length)?;
-    if let Some(y) = cpu_attention(cfg, cache, &q, b, seq)? {
-        return Ok(y);
+    cache.append(&k, v, cfg.context_length)?;
+    match &cache.store {
+        KvStore::Cpu(buffers) => cpu_attention(cfg, &buffers.view(cache.len), &q, b, seq),
+        KvStore::Tensors { keys, values } => {
+            let (k, v) = (
+                keys.narrow(2, 0, cache.len)?,
+                values.narrow(2, 0, cache.len)?,
+            );
+            generic_attention(cfg, &q, &k, &v, mask)
+        }
+        KvStore::Empty => candle_core::bail!("no cache after appending"),
     }
-    generic_attention(cfg, &q, &k, &v, mask)
 }
 
 /// Attention with candle ops (any device and dtype): `q` `(b, heads, seq, hd)` rotated, `k`,
@@ -599,57 +652,26 @@ fn generic_attention(
         .reshape((b, seq, cfg.n_head * cfg.head_dim))
 }
 
-/// [`attention::causal_attention`] on the cache's own buffers when everything is `f32` on the
-/// CPU (`None` otherwise, and the caller takes the generic path): `q` is `(b, heads, seq, hd)`
-/// rotated, the cache already holds the new positions.
+/// [`attention::causal_attention`] of `q` `(1, heads, seq, hd)` (rotated) over `cache`, which
+/// already holds the new positions; the result `(1, seq, heads * hd)` in `q`'s dtype.
 fn cpu_attention(
     cfg: &DecoderConfig,
-    cache: &KvCache,
+    cache: &attention::Cache,
     q: &Tensor,
     b: usize,
     seq: usize,
-) -> Result<Option<Tensor>> {
-    let (Some(keys), Some(values)) = (&cache.keys, &cache.values) else {
-        return Ok(None);
-    };
-    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
-    if b != 1 || !f32_cpu(q) || !f32_cpu(keys) || !f32_cpu(values) {
-        return Ok(None);
+) -> Result<Tensor> {
+    if b != 1 {
+        candle_core::bail!("attention runs per sequence (batch {b})");
     }
-    let q = q.contiguous()?;
-    let (q_storage, q_layout) = q.storage_and_layout();
-    let (k_storage, k_layout) = keys.storage_and_layout();
-    let (v_storage, v_layout) = values.storage_and_layout();
-    let (
-        Storage::Cpu(CpuStorage::F32(qd)),
-        Storage::Cpu(CpuStorage::F32(kd)),
-        Storage::Cpu(CpuStorage::F32(vd)),
-    ) = (&*q_storage, &*k_storage, &*v_storage)
-    else {
-        return Ok(None);
-    };
-    if !(q_layout.is_contiguous() && k_layout.is_contiguous() && v_layout.is_contiguous()) {
-        return Ok(None);
-    }
+    let rows = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let heads = attention::Heads {
         query: cfg.n_head,
         kv: cfg.n_kv_head,
         dim: cfg.head_dim,
     };
-    let capacity = cache.capacity();
-    let span = cfg.n_kv_head * capacity * cfg.head_dim;
-    let out = attention::causal_attention(
-        heads,
-        &qd[q_layout.start_offset()..][..cfg.n_head * seq * cfg.head_dim],
-        &attention::Cache {
-            keys: &kd[k_layout.start_offset()..][..span],
-            values: &vd[v_layout.start_offset()..][..span],
-            capacity,
-            len: cache.len,
-        },
-        seq,
-    );
-    Tensor::from_vec(out, (1, seq, cfg.n_head * cfg.head_dim), q.device()).map(Some)
+    let out = attention::causal_attention(heads, &rows, cache, seq);
+    Tensor::from_vec(out, (1, seq, cfg.n_head * cfg.head_dim), q.device())?.to_dtype(q.dtype())
 }
 
 /// The causal mask of `seq` new positions after `pos` cached ones, made on first use (only the
@@ -733,7 +755,7 @@ mod tests {
             rope_neox: true,
         };
         let (cos, sin) = rope_tables(cfg.head_dim, cfg.rope_base, cfg.context_length, &dev)?;
-        let (mut fused, mut generic) = (KvCache::new(), KvCache::new());
+        let mut fused = KvCache::new();
         let mut pos = 0;
         for (step, seq) in [300usize, 1, 1, 3, 1].into_iter().enumerate() {
             let random = |heads: usize, salt: u64| {
@@ -744,9 +766,17 @@ mod tests {
             let (c, s) = (cos.narrow(0, pos, seq)?, sin.narrow(0, pos, seq)?);
             let mask = LazyMask::new(seq, pos, &dev);
             let got = attend(&cfg, &mut fused, &q, &k, &v, &mask, &c, &s)?;
+            // The generic path over the same cached (f16) values.
+            let KvStore::Cpu(buffers) = &fused.store else {
+                panic!("a CPU cache keeps f16 buffers");
+            };
+            let (keys, values) = buffers.rows(fused.len);
+            let shape = (1, cfg.n_kv_head, fused.len, cfg.head_dim);
+            let (k, v) = (
+                Tensor::from_vec(keys, shape, &dev)?,
+                Tensor::from_vec(values, shape, &dev)?,
+            );
             let q = candle_nn::rotary_emb::rope(&q, &c, &s)?;
-            let k = candle_nn::rotary_emb::rope(&k, &c, &s)?;
-            let (k, v) = generic.append(&k, &v, cfg.context_length)?;
             let want = generic_attention(&cfg, &q, &k, &v, &mask)?;
             let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(
