@@ -37,11 +37,16 @@ const DIRECT_ROWS: usize = 8;
 /// Cached positions per tile: the unit of the keys' layout (and of the cache's capacity).
 pub(crate) const TILE_KEYS: usize = 256;
 
-/// Cached positions widened to `f32` at a time, a multiple of [`TILE_KEYS`]: 512 KB of keys or
-/// values at head dimension 128 (within a core's L2 cache), and few enough GEMM calls per block.
-/// Spans start at multiples of this from position 0 whatever the block, so a row's sums never
-/// depend on the block it is computed in.
-const SPAN_KEYS: usize = 4 * TILE_KEYS;
+/// Cached positions widened to `f32` at a time, a multiple of [`TILE_KEYS`]: 256 KB of keys or
+/// values at head dimension 128 (within a core's L2 cache). Spans start at multiples of this
+/// from position 0 whatever the block or the cache's length, and no GEMM sums over more than 512
+/// keys (gemm splits a longer inner dimension into blocks whose size depends on its length),
+/// so a row's sums never depend on the block or the moment it is computed in.
+const SPAN_KEYS: usize = 2 * TILE_KEYS;
+
+/// Distance between the rows of a widened span of keys: a span's width plus one vector, so
+/// its rows do not all map to the same L1 cache sets (4 KB apart would).
+const SPAN_STRIDE: usize = SPAN_KEYS + KEY_LANES;
 
 /// Keys scored per vector of multiply-adds on the decode path (a divisor of [`TILE_KEYS`]).
 const KEY_LANES: usize = 16;
@@ -102,6 +107,12 @@ fn key_at(capacity: usize, dim: usize, h: usize, j: usize, d: usize) -> usize {
     (h * capacity + j / TILE_KEYS * TILE_KEYS) * dim + d * TILE_KEYS + j % TILE_KEYS
 }
 
+/// `x` as `f16`, beyond its range the largest finite value of the sign (an infinite key or value
+/// would make the weight-0 products of rows that may not see it NaN).
+fn saturating_f16(x: f32) -> f16 {
+    f16::from_f32(x.clamp(f16::MIN.to_f32(), f16::MAX.to_f32()))
+}
+
 /// One layer's cached keys and values of one sequence on the CPU, as `f16`: keys
 /// `(kv heads, capacity / TILE_KEYS, dim, TILE_KEYS)` (each tile of positions dimension-major),
 /// values `(kv heads, capacity, dim)`. The capacity is a multiple of [`TILE_KEYS`] and doubles
@@ -138,7 +149,7 @@ impl KvBuffers {
         }
         let capacity = needed
             .next_power_of_two()
-            .clamp(TILE_KEYS, max.max(needed))
+            .clamp(TILE_KEYS, max.max(needed).max(TILE_KEYS))
             .div_ceil(TILE_KEYS)
             * TILE_KEYS;
         let (heads, dim) = (self.heads, self.dim);
@@ -169,11 +180,11 @@ impl KvBuffers {
                 let j = at + i;
                 let (key, value) = (&k[(h * seq + i) * dim..][..dim], &v[(h * seq + i) * dim..]);
                 for (d, x) in key.iter().enumerate() {
-                    self.keys[key_at(self.capacity, dim, h, j, d)] = f16::from_f32(*x);
+                    self.keys[key_at(self.capacity, dim, h, j, d)] = saturating_f16(*x);
                 }
                 let to = &mut self.values[(h * self.capacity + j) * dim..][..dim];
                 for (y, x) in to.iter_mut().zip(value) {
-                    *y = f16::from_f32(*x);
+                    *y = saturating_f16(*x);
                 }
             }
         }
@@ -308,10 +319,11 @@ fn block(
     let before = cache.len - seq;
     // Every row is multiplied with all cached keys and values (the ones it may not see get
     // weight 0), as in the generic path: a row's sums then never depend on which rows share its
-    // block, so a prompt's positions get the same bits however it was chunked (after a
-    // prefix-cache hit, or prefilled beside other sequences). Only the first prompt chunk pays
-    // for it (up to half its keys are hidden from a row). A single-position step takes the
-    // direct path below, whose sums run in another order.
+    // block, so a prompt's positions get the same bits from attention however the prompt was
+    // chunked (after a prefix-cache hit, or prefilled beside other sequences), as long as each
+    // chunk has two positions or more. Only the first prompt chunk pays for it (up to half its
+    // keys are hidden from a row). A single-position pass (a decode step) takes the direct path
+    // below, whose sums run in another order.
     let visible = cache.len;
     let keys = &cache.keys[h * cache.capacity * dim..][..cache.capacity * dim];
     let values = &cache.values[h * cache.capacity * dim..][..visible * dim];
@@ -319,6 +331,9 @@ fn block(
     // A decode step (one position: the group's few rows) reads each key and value once; a GEMM
     // would pack (copy) every tile first.
     let direct = seq == 1 && rows <= DIRECT_ROWS;
+    // GEMMs get two rows at least (a zero row added to a lone one): gemm multiplies a single
+    // row by another kernel, whose sums would round differently from the same row's in a block.
+    let gemm_rows = if direct { rows } else { rows.max(2) };
     SCRATCH.with(|scratch| {
         let Scratch {
             queries,
@@ -331,9 +346,10 @@ fn block(
             let head = h * groups + g;
             queries.extend_from_slice(&q[(head * seq + p0) * dim..][..positions * dim]);
         }
+        queries.resize(gemm_rows * dim, 0.0);
         scores.clear();
-        scores.resize(rows * visible, 0.0);
-        span.resize(SPAN_KEYS * dim, 0.0);
+        scores.resize(gemm_rows * visible, 0.0);
+        span.resize(SPAN_STRIDE * dim, 0.0);
         for first in (0..visible).step_by(SPAN_KEYS) {
             let n = SPAN_KEYS.min(visible - first);
             // The span's keys, dimension-major: row d holds dimension d of its n keys, gathered
@@ -342,7 +358,7 @@ fn block(
                 let count = TILE_KEYS.min(first + n - tile);
                 let stored = &keys[tile * dim..][..TILE_KEYS * dim];
                 for (to, from) in span
-                    .chunks_exact_mut(SPAN_KEYS)
+                    .chunks_exact_mut(SPAN_STRIDE)
                     .zip(stored.chunks_exact(TILE_KEYS))
                 {
                     widen(&mut to[t * TILE_KEYS..][..count], &from[..count]);
@@ -358,8 +374,8 @@ fn block(
                     queries,
                     span,
                     Gemm {
-                        shape: (rows, n, dim),
-                        strides: (visible, dim, SPAN_KEYS),
+                        shape: (gemm_rows, n, dim),
+                        strides: (visible, dim, SPAN_STRIDE),
                         scale,
                         accumulate: false,
                     },
@@ -368,11 +384,12 @@ fn block(
         }
         let sums: Vec<f32> = scores
             .chunks_mut(visible)
+            .take(rows)
             .enumerate()
             .map(|(r, row)| softmax_prefix(row, before + p0 + r % positions + 1))
             .collect();
         out.clear();
-        out.resize(rows * dim, 0.0);
+        out.resize(gemm_rows * dim, 0.0);
         for first in (0..visible).step_by(SPAN_KEYS) {
             let n = SPAN_KEYS.min(visible - first);
             let span = &mut span[..n * dim];
@@ -387,7 +404,7 @@ fn block(
                     weights,
                     span,
                     Gemm {
-                        shape: (rows, dim, n),
+                        shape: (gemm_rows, dim, n),
                         strides: (dim, visible, dim),
                         scale: 1.0,
                         accumulate: first > 0,
@@ -401,7 +418,7 @@ fn block(
                 *v *= inv;
             }
         }
-        out.clone()
+        out[..rows * dim].to_vec()
     })
 }
 
@@ -484,8 +501,8 @@ fn product(dst: &mut [f32], lhs: &[f32], rhs: &[f32], g: Gemm) {
 }
 
 /// `scores (rows × n, row stride `stride`) = scale · queries (rows × dim) · span (dim × n)`,
-/// `span` a widened span of keys (`dim × SPAN_KEYS`, dimension-major, its first `n` columns
-/// valid): 16 keys per vector of multiply-adds, no horizontal sums (the decode step's path).
+/// `span` a widened span of keys (`dim` rows [`SPAN_STRIDE`] apart, dimension-major, the first
+/// `n` columns valid): 16 keys per vector of multiply-adds, no horizontal sums (the decode step's path).
 fn key_scores(
     scores: &mut [f32],
     stride: usize,
@@ -503,13 +520,13 @@ fn key_scores(
         n: usize,
         scale: f32,
     ) {
-        let dim = span.len() / SPAN_KEYS;
+        let dim = span.len() / SPAN_STRIDE;
         for first in (0..n).step_by(KEY_LANES) {
             let width = KEY_LANES.min(n - first);
             for (r, query) in queries.chunks_exact(dim).enumerate() {
                 // Lanes past `n` read stale span columns and are not stored.
                 let mut lanes = [0f32; KEY_LANES];
-                for (q, keys) in query.iter().zip(span[first..].chunks(SPAN_KEYS)) {
+                for (q, keys) in query.iter().zip(span[first..].chunks(SPAN_STRIDE)) {
                     let keys = &keys[..KEY_LANES];
                     for l in 0..KEY_LANES {
                         lanes[l] += q * keys[l];
@@ -699,39 +716,49 @@ mod tests {
         }
     }
 
-    /// A position's values are the same bits whichever prompt chunk it is computed in (so a
-    /// prefix-cache hit or batching never changes a sequence's tokens).
+    /// A prompt position's values are the same bits whichever chunk of two or more positions it
+    /// is computed in, and whenever (each chunk sees the cache as long as its own end): attention
+    /// adds no dependence on how a prompt was split after a prefix-cache hit or beside other
+    /// sequences.
     #[test]
     fn a_row_does_not_depend_on_how_the_prompt_was_chunked() {
-        let heads = Heads {
-            query: 9,
-            kv: 3,
-            dim: 64,
-        };
-        let (len, capacity) = (1300, 2048);
-        let keys = halves(values(3 * capacity * 64, 7));
-        let vals = halves(values(3 * capacity * 64, 8));
-        let whole_q = values(9 * len * 64, 9);
-        let cache = Cache {
-            keys: &keys,
-            values: &vals,
-            capacity,
-            len,
-        };
-        let whole = causal_attention(heads, &whole_q, &cache, len);
-        let width = 9 * 64;
-        for cached in [1usize, 7, 50, 119, 300, 698, 1025, 1298] {
-            let seq = len - cached;
-            let q: Vec<f32> = (0..9)
-                .flat_map(|h| whole_q[(h * len + cached) * 64..][..seq * 64].to_vec())
-                .collect();
-            let part = causal_attention(heads, &q, &cache, seq);
-            assert!(
-                part.iter()
-                    .zip(&whole[cached * width..])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "the last {seq} positions differ from the whole prompt's"
-            );
+        let len = 1100;
+        let capacity = 2048;
+        // (query heads, kv heads, dim): grouped, Qwen2.5-1.5B's head shape, and no grouping
+        // (one row per position: a chunk of 49 leaves a block of a single row).
+        for (query, kv, dim) in [(9, 3, 64), (12, 2, 128), (4, 4, 32)] {
+            let heads = Heads { query, kv, dim };
+            let keys = halves(values(kv * capacity * dim, 7));
+            let vals = halves(values(kv * capacity * dim, 8));
+            let whole_q = values(query * len * dim, 9);
+            let at = |len| Cache {
+                keys: &keys,
+                values: &vals,
+                capacity,
+                len,
+            };
+            let whole = causal_attention(heads, &whole_q, &at(len), len);
+            let width = query * dim;
+            for bounds in [
+                vec![0, 512, 1024, len],
+                vec![0, 7, 56, 105, 600, 1098, len],
+                vec![0, 300, 349, 513, 515, len],
+            ] {
+                for pair in bounds.windows(2) {
+                    let (from, to) = (pair[0], pair[1]);
+                    let seq = to - from;
+                    let q: Vec<f32> = (0..query)
+                        .flat_map(|h| whole_q[(h * len + from) * dim..][..seq * dim].to_vec())
+                        .collect();
+                    let part = causal_attention(heads, &q, &at(to), seq);
+                    assert!(
+                        part.iter()
+                            .zip(&whole[from * width..to * width])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{heads:?}: positions {from}..{to} differ from the whole prompt's"
+                    );
+                }
+            }
         }
     }
 
@@ -782,6 +809,15 @@ mod tests {
         let mut small = KvBuffers::new(heads, dim);
         small.copy_prefix(&kv, 301, max);
         assert_eq!(small.rows(301), (prefix(&keys), prefix(&vals)));
+    }
+
+    #[test]
+    fn out_of_range_values_are_stored_as_the_largest_half() {
+        assert_eq!(saturating_f16(1e9), f16::MAX);
+        assert_eq!(saturating_f16(-1e9), f16::MIN);
+        assert_eq!(saturating_f16(f32::INFINITY), f16::MAX);
+        assert_eq!(saturating_f16(1.5), f16::from_f32(1.5));
+        assert!(saturating_f16(f32::NAN).is_nan());
     }
 
     #[test]

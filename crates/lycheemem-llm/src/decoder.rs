@@ -217,7 +217,9 @@ impl KvCache {
             _ => 0,
         };
         if needed > capacity {
-            let capacity = needed.next_power_of_two().clamp(256, max.max(needed));
+            let capacity = needed
+                .next_power_of_two()
+                .clamp(256, max.max(needed).max(256));
             let grow = |old: Option<&Tensor>| -> Result<Tensor> {
                 let buf = Tensor::zeros((1, heads, capacity, hd), k.dtype(), k.device())?;
                 if let Some(old) = old.filter(|_| self.len > 0) {
