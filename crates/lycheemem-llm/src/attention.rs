@@ -51,23 +51,24 @@ const SPAN_STRIDE: usize = SPAN_KEYS + KEY_LANES;
 /// Keys scored per vector of multiply-adds on the decode path (a divisor of [`TILE_KEYS`]).
 const KEY_LANES: usize = 16;
 
-/// Calls `body` (an `#[inline(always)]` function of the enclosing scope) compiled for AVX-512F,
-/// or AVX2 and FMA, when the CPU has them, and as compiled otherwise; the value is returned from
-/// the enclosing function.
+/// Output dimensions a decode step's value sums accumulate in registers at a time.
+const VALUE_LANES: usize = 32;
+
+/// Calls `fast` (an `#[inline(always)]` function of the enclosing scope) compiled for AVX-512F,
+/// or AVX2 and FMA, when the CPU has them, and `portable` as compiled otherwise; the value is
+/// returned from the enclosing function. (`fast` may use `f32::mul_add`, a single instruction
+/// there; `portable` should not: without FMA it is a library call.)
 macro_rules! simd_dispatch {
-    ($body:ident($($arg:ident: $ty:ty),* $(,)?)) => {
-        simd_dispatch!($body($($arg: $ty),*) -> ())
-    };
-    ($body:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty) => {{
+    ($fast:path, $portable:path; ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?) => {{
         #[cfg(target_arch = "x86_64")]
         {
             #[target_feature(enable = "avx512f")]
-            fn wide($($arg: $ty),*) -> $ret {
-                $body($($arg),*)
+            fn wide($($arg: $ty),*) $(-> $ret)? {
+                $fast($($arg),*)
             }
             #[target_feature(enable = "avx2,fma")]
-            fn avx2($($arg: $ty),*) -> $ret {
-                $body($($arg),*)
+            fn avx2($($arg: $ty),*) $(-> $ret)? {
+                $fast($($arg),*)
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F (checked above).
@@ -80,8 +81,14 @@ macro_rules! simd_dispatch {
                 return unsafe { avx2($($arg),*) };
             }
         }
-        $body($($arg),*)
+        $portable($($arg),*)
     }};
+}
+
+/// `a · b + c`, fused into one instruction (one rounding) when `FUSED`.
+#[inline(always)]
+fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED { a.mul_add(b, c) } else { a * b + c }
 }
 
 /// The attention's shape: query heads, key/value heads (a divisor of the query heads) and the
@@ -502,7 +509,9 @@ fn product(dst: &mut [f32], lhs: &[f32], rhs: &[f32], g: Gemm) {
 
 /// `scores (rows × n, row stride `stride`) = scale · queries (rows × dim) · span (dim × n)`,
 /// `span` a widened span of keys (`dim` rows [`SPAN_STRIDE`] apart, dimension-major, the first
-/// `n` columns valid): 16 keys per vector of multiply-adds, no horizontal sums (the decode step's path).
+/// `n` columns valid): 16 keys per vector of multiply-adds, up to four query rows per pass over
+/// the keys (each key vector loaded once for all of them), no horizontal sums (the decode
+/// step's path).
 fn key_scores(
     scores: &mut [f32],
     stride: usize,
@@ -511,8 +520,42 @@ fn key_scores(
     n: usize,
     scale: f32,
 ) {
+    /// Rows `r0..r0 + R` of the scores of keys `first..first + width`.
     #[inline(always)]
-    fn body(
+    #[allow(clippy::too_many_arguments)]
+    fn rows<const R: usize, const FUSED: bool>(
+        scores: &mut [f32],
+        stride: usize,
+        queries: &[f32],
+        span: &[f32],
+        (first, width): (usize, usize),
+        r0: usize,
+        dim: usize,
+        scale: f32,
+    ) {
+        // Lanes past `n` read stale span columns and are not stored.
+        let mut lanes = [[0f32; KEY_LANES]; R];
+        let queries = &queries[r0 * dim..][..R * dim];
+        for d in 0..dim {
+            let keys = &span[d * SPAN_STRIDE + first..][..KEY_LANES];
+            for (r, acc) in lanes.iter_mut().enumerate() {
+                let q = queries[r * dim + d];
+                for (a, k) in acc.iter_mut().zip(keys) {
+                    *a = madd::<FUSED>(q, *k, *a);
+                }
+            }
+        }
+        for (r, acc) in lanes.iter().enumerate() {
+            for (s, a) in scores[(r0 + r) * stride + first..][..width]
+                .iter_mut()
+                .zip(acc)
+            {
+                *s = scale * a;
+            }
+        }
+    }
+    #[inline(always)]
+    fn body<const FUSED: bool>(
         scores: &mut [f32],
         stride: usize,
         queries: &[f32],
@@ -521,24 +564,23 @@ fn key_scores(
         scale: f32,
     ) {
         let dim = span.len() / SPAN_STRIDE;
+        let count = queries.len() / dim.max(1);
         for first in (0..n).step_by(KEY_LANES) {
-            let width = KEY_LANES.min(n - first);
-            for (r, query) in queries.chunks_exact(dim).enumerate() {
-                // Lanes past `n` read stale span columns and are not stored.
-                let mut lanes = [0f32; KEY_LANES];
-                for (q, keys) in query.iter().zip(span[first..].chunks(SPAN_STRIDE)) {
-                    let keys = &keys[..KEY_LANES];
-                    for l in 0..KEY_LANES {
-                        lanes[l] += q * keys[l];
-                    }
-                }
-                for (s, l) in scores[r * stride + first..][..width].iter_mut().zip(lanes) {
-                    *s = scale * l;
-                }
+            let keys = (first, KEY_LANES.min(n - first));
+            let mut r0 = 0;
+            while count - r0 >= 4 {
+                rows::<4, FUSED>(scores, stride, queries, span, keys, r0, dim, scale);
+                r0 += 4;
+            }
+            match count - r0 {
+                3 => rows::<3, FUSED>(scores, stride, queries, span, keys, r0, dim, scale),
+                2 => rows::<2, FUSED>(scores, stride, queries, span, keys, r0, dim, scale),
+                1 => rows::<1, FUSED>(scores, stride, queries, span, keys, r0, dim, scale),
+                _ => {}
             }
         }
     }
-    simd_dispatch!(body(
+    simd_dispatch!(body::<true>, body::<false>; (
         scores: &mut [f32],
         stride: usize,
         queries: &[f32],
@@ -548,21 +590,74 @@ fn key_scores(
     ))
 }
 
-/// `out (rows × dim) += weights (rows × keys, row stride `stride`) · values (keys × dim)`,
-/// reading each value row once (the decode step's path).
+/// `out (rows × dim) += weights (rows × keys, row stride `stride`) · values (keys × dim)`: up to
+/// four output rows, 32 dimensions at a time, accumulate in registers over all the keys (each
+/// value vector loaded once for all of them; the decode step's path).
 fn weighted_values(out: &mut [f32], weights: &[f32], stride: usize, values: &[f32], dim: usize) {
+    /// Rows `r0..r0 + R`, dimensions `d0..d0 + VALUE_LANES`.
     #[inline(always)]
-    fn body(out: &mut [f32], weights: &[f32], stride: usize, values: &[f32], dim: usize) {
+    fn rows<const R: usize, const FUSED: bool>(
+        out: &mut [f32],
+        weights: &[f32],
+        stride: usize,
+        values: &[f32],
+        dim: usize,
+        (r0, d0): (usize, usize),
+    ) {
+        let keys = values.len() / dim;
+        let mut acc = [[0f32; VALUE_LANES]; R];
+        for j in 0..keys {
+            let value = &values[j * dim + d0..][..VALUE_LANES];
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let w = weights[(r0 + r) * stride + j];
+                for (a, v) in acc.iter_mut().zip(value) {
+                    *a = madd::<FUSED>(w, *v, *a);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (o, a) in out[(r0 + r) * dim + d0..][..VALUE_LANES]
+                .iter_mut()
+                .zip(acc)
+            {
+                *o += a;
+            }
+        }
+    }
+    #[inline(always)]
+    fn body<const FUSED: bool>(
+        out: &mut [f32],
+        weights: &[f32],
+        stride: usize,
+        values: &[f32],
+        dim: usize,
+    ) {
+        let count = out.len() / dim.max(1);
+        let whole = dim / VALUE_LANES * VALUE_LANES;
+        for d0 in (0..whole).step_by(VALUE_LANES) {
+            let mut r0 = 0;
+            while count - r0 >= 4 {
+                rows::<4, FUSED>(out, weights, stride, values, dim, (r0, d0));
+                r0 += 4;
+            }
+            match count - r0 {
+                3 => rows::<3, FUSED>(out, weights, stride, values, dim, (r0, d0)),
+                2 => rows::<2, FUSED>(out, weights, stride, values, dim, (r0, d0)),
+                1 => rows::<1, FUSED>(out, weights, stride, values, dim, (r0, d0)),
+                _ => {}
+            }
+        }
+        // Dimensions past the last whole group of lanes.
         for (j, value) in values.chunks_exact(dim).enumerate() {
             for (r, row) in out.chunks_exact_mut(dim).enumerate() {
                 let w = weights[r * stride + j];
-                for (o, v) in row.iter_mut().zip(value) {
-                    *o += w * v;
+                for (o, v) in row[whole..].iter_mut().zip(&value[whole..]) {
+                    *o = madd::<FUSED>(w, *v, *o);
                 }
             }
         }
     }
-    simd_dispatch!(body(
+    simd_dispatch!(body::<true>, body::<false>; (
         out: &mut [f32],
         weights: &[f32],
         stride: usize,
@@ -615,7 +710,7 @@ fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
         }
         lanes.iter().sum::<f32>() + tail
     }
-    simd_dispatch!(body(row: &mut [f32], max: f32) -> f32)
+    simd_dispatch!(body, body; (row: &mut [f32], max: f32) -> f32)
 }
 
 #[cfg(test)]
@@ -688,6 +783,9 @@ mod tests {
             (12, 2, 16, 512, 1, 768),   // a decode step over whole tiles only
             (12, 2, 16, 1500, 1, 2048), // a decode step over two spans of keys
             (9, 3, 8, 1030, 5, 2048),   // a chunk over two spans
+            (16, 2, 32, 300, 1, 512),   // a decode step of 8 rows per group (two passes of 4)
+            (4, 4, 40, 100, 1, 256),    // one row per group; a dimension past whole lanes
+            (10, 2, 72, 700, 1, 1024),  // 5 rows (4 + 1), 72 = 2 × 32 + 8 dimensions
             (12, 2, 128, 600, 1, 1024), // a decode step over several key tiles
             (12, 2, 32, 530, 9, 1024),  // a chunk over several key tiles (partial last one)
         ] {
