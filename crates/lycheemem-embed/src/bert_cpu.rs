@@ -27,8 +27,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// Up to this many tokens in a batch (a query) the forward pass runs on the calling thread,
-/// with linear layers as row dots instead of a packed GEMM: a few milliseconds of work, which
-/// synchronizing a pool at every step would slow more than it helps, and which leaves the
+/// with linear layers by [`row_dots`] instead of a packed GEMM: a few milliseconds of work,
+/// which synchronizing a pool at every step would slow more than it helps, and which leaves the
 /// other cores to concurrent searches.
 const SMALL_BATCH_TOKENS: usize = 24;
 
@@ -417,21 +417,27 @@ impl CpuBert {
     }
 }
 
-/// `out = x·Wᵀ + b` as dot products, four weight rows at a time so four independent sums run
-/// per step (one dot product at a time waits on its own additions); each block of four weight
-/// rows stays in L1 while every input row passes over it.
+/// `out = x·Wᵀ + b` for a few rows (a query's tokens) as dot products. With AVX2 and FMA, up
+/// to three input rows against four weight rows per pass: twelve sums in registers, each
+/// weight vector loaded once for all the rows and each input vector once for all four weight
+/// rows, one horizontal sum per output at the end; a block of four weight rows (6 KB at 384
+/// inputs) stays in L1 while the row groups pass over it, and the weights stream in storage
+/// order. Otherwise one dot product per output.
 fn row_dots(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) {
     let (k, n) = (l.inputs, l.outputs);
+    assert!(x.len() >= rows * k && out.len() >= rows * n && l.w.len() == n * k);
     #[cfg(target_arch = "x86_64")]
-    let done = if k % 16 == 0 && std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F (checked above); shapes as documented there.
-        unsafe { row_dots_avx512(x, rows, l, out) }
+    let done = if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU has AVX2 and FMA (checked above); shapes asserted above.
+        unsafe { row_dots_avx2(x, rows, l, out) }
     } else {
         0
     };
     #[cfg(not(target_arch = "x86_64"))]
     let done = 0;
-    // The columns the blocked kernel left (all of them without AVX-512), one dot at a time.
+    // The outputs the blocked kernel left (all of them without AVX2), one dot at a time.
     for col in done..n {
         let w = &l.w[col * k..(col + 1) * k];
         for r in 0..rows {
@@ -440,47 +446,79 @@ fn row_dots(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) {
     }
 }
 
-/// [`row_dots`]'s blocked kernel for AVX-512 (`k` a multiple of 16, `x` holds `rows × k`, `out`
-/// `rows × n`): fills the columns of whole blocks of four and returns how many that is.
+/// [`row_dots`]' blocked kernel (`x` holds `rows × k`, `out` `rows × n`): fills the outputs of
+/// whole blocks of four weight rows and returns how many that is.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_dots_avx512(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) -> usize {
-    use std::arch::x86_64::*;
+#[target_feature(enable = "avx2,fma")]
+fn row_dots_avx2(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) -> usize {
     let (k, n) = (l.inputs, l.outputs);
-    assert!(k % 16 == 0 && x.len() >= rows * k && out.len() >= rows * n && l.w.len() >= n * k);
-    let mut col = 0;
-    while col + 4 <= n {
-        let w = l.w[col * k..(col + 4) * k].as_ptr();
-        for r in 0..rows {
-            let xr = x[r * k..(r + 1) * k].as_ptr();
-            let (mut a0, mut a1, mut a2, mut a3) = (
-                _mm512_setzero_ps(),
-                _mm512_setzero_ps(),
-                _mm512_setzero_ps(),
-                _mm512_setzero_ps(),
-            );
-            let mut i = 0;
-            // SAFETY: i + 16 ≤ k, so every load is inside x's row r and weight rows col..col+4
-            // (bounds asserted above).
-            unsafe {
-                while i < k {
-                    let xv = _mm512_loadu_ps(xr.add(i));
-                    a0 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w.add(i)), a0);
-                    a1 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w.add(k + i)), a1);
-                    a2 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w.add(2 * k + i)), a2);
-                    a3 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w.add(3 * k + i)), a3);
-                    i += 16;
+    let blocks = n / 4 * 4;
+    for c0 in (0..blocks).step_by(4) {
+        let w = &l.w[c0 * k..(c0 + 4) * k];
+        let mut r0 = 0;
+        while r0 < rows {
+            let take = (rows - r0).min(3);
+            let x = &x[r0 * k..(r0 + take) * k];
+            let sums: [[f32; 4]; 3] = match take {
+                3 => dots_avx2::<3>(x, w, k),
+                2 => pad(dots_avx2::<2>(x, w, k)),
+                _ => pad(dots_avx2::<1>(x, w, k)),
+            };
+            for (r, sums) in sums.iter().enumerate().take(take) {
+                for (c, s) in sums.iter().enumerate() {
+                    out[(r0 + r) * n + c0 + c] = s + l.b[c0 + c];
                 }
             }
-            let o = &mut out[r * n + col..r * n + col + 4];
-            o[0] = _mm512_reduce_add_ps(a0) + l.b[col];
-            o[1] = _mm512_reduce_add_ps(a1) + l.b[col + 1];
-            o[2] = _mm512_reduce_add_ps(a2) + l.b[col + 2];
-            o[3] = _mm512_reduce_add_ps(a3) + l.b[col + 3];
+            r0 += take;
         }
-        col += 4;
     }
-    col
+    blocks
+}
+
+/// Rows of sums padded to three.
+#[cfg(target_arch = "x86_64")]
+fn pad<const R: usize>(sums: [[f32; 4]; R]) -> [[f32; 4]; 3] {
+    std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; 4] })
+}
+
+/// The dot products of `R` rows of `x` (`R × k`) with 4 rows of `w` (`4 × k`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn dots_avx2<const R: usize>(x: &[f32], w: &[f32], k: usize) -> [[f32; 4]; R] {
+    use std::arch::x86_64::*;
+    assert!(x.len() == R * k && w.len() == 4 * k);
+    let whole = k / 8 * 8;
+    // acc[c][r]: weight row c, input row r.
+    let mut acc = [[_mm256_setzero_ps(); R]; 4];
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    for i in (0..whole).step_by(8) {
+        // SAFETY: i + 8 ≤ k, so every load lies within its row of `x` or `w` (lengths
+        // asserted above).
+        unsafe {
+            let xv: [__m256; R] = std::array::from_fn(|r| _mm256_loadu_ps(xp.add(r * k + i)));
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let wv = _mm256_loadu_ps(wp.add(c * k + i));
+                for (a, xv) in acc.iter_mut().zip(&xv) {
+                    *a = _mm256_fmadd_ps(*xv, wv, *a);
+                }
+            }
+        }
+    }
+    std::array::from_fn(|r| {
+        std::array::from_fn(|c| {
+            let v = acc[c][r];
+            let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+            let one = _mm_add_ss(pair, _mm_shuffle_ps::<0b01>(pair, pair));
+            let tail: f32 = x[r * k + whole..(r + 1) * k]
+                .iter()
+                .zip(&w[c * k + whole..(c + 1) * k])
+                .map(|(a, b)| a * b)
+                .sum();
+            _mm_cvtss_f32(one) + tail
+        })
+    })
 }
 
 /// `x ← LayerNorm(x + residual)` row by row.
@@ -645,6 +683,54 @@ mod tests {
             1.0 - (-z * z).exp() / std::f64::consts::PI.sqrt() / (z + f)
         };
         v.copysign(x)
+    }
+
+    /// `x·Wᵀ + b` in f64.
+    fn linear_reference(x: &[f32], rows: usize, l: &Linear) -> Vec<f64> {
+        let (k, n) = (l.inputs, l.outputs);
+        let mut out = vec![0f64; rows * n];
+        for r in 0..rows {
+            for c in 0..n {
+                let dot: f64 = (0..k)
+                    .map(|i| f64::from(x[r * k + i]) * f64::from(l.w[c * k + i]))
+                    .sum();
+                out[r * n + c] = dot + f64::from(l.b[c]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn row_dots_compute_the_linear_layer_for_every_row_count_and_width() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        // Inputs with and without a partial vector, outputs with and without a partial block
+        // of four; row counts around the groups of three.
+        for (k, n) in [(48, 64), (40, 37), (16, 6), (5, 3)] {
+            let l = Linear {
+                w: (0..n * k).map(|_| next()).collect(),
+                b: (0..n).map(|_| next()).collect(),
+                inputs: k,
+                outputs: n,
+            };
+            for rows in [1, 2, 3, 4, 5, 7, SMALL_BATCH_TOKENS] {
+                let x: Vec<f32> = (0..rows * k).map(|_| next()).collect();
+                let want = linear_reference(&x, rows, &l);
+                let mut got = vec![f32::NAN; rows * n];
+                row_dots(&x, rows, &l, &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(*g) - w).abs() < 1e-5,
+                        "k {k}, n {n}, rows {rows}, output {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
