@@ -185,11 +185,16 @@ const DIALOGUES: [&str; 20] = [
     "0 Tia: I painted a sunrise over the lake.",
 ];
 
+/// Every constrained output that ends by itself validates. One that runs into `max_tokens` (the
+/// schema leaves the number of records open, and the 135M model sometimes repeats records until
+/// the budget is spent: which prompts do so differs between CPUs, whose SIMD paths round
+/// differently) is cut and must say so; at most two of the twenty may.
 #[test]
 fn schema_constrained_output_always_validates() {
     let schema = record_schema();
     let instruction = "Extract memory records from this dialogue as JSON with a `records` list.\n";
     let mut unconstrained_valid = 0;
+    let mut cut = Vec::new();
     for dialogue in DIALOGUES {
         let messages = ask(&format!("{instruction}{dialogue}"));
         let constrained = GenerateOptions {
@@ -198,6 +203,15 @@ fn schema_constrained_output_always_validates() {
             ..Default::default()
         };
         let out = model().complete(&messages, &constrained).unwrap();
+        if out.finish_reason == FinishReason::Length {
+            assert!(
+                out.completion_tokens >= 300,
+                "{dialogue}: cut after {} tokens",
+                out.completion_tokens
+            );
+            cut.push(dialogue);
+            continue;
+        }
         let value: serde_json::Value = serde_json::from_str(&out.text)
             .unwrap_or_else(|e| panic!("{dialogue}: {e}: {}", out.text));
         validate_against_schema(&value, &schema)
@@ -216,7 +230,12 @@ fn schema_constrained_output_always_validates() {
             unconstrained_valid += 1;
         }
     }
-    println!("schema-valid outputs: constrained 20/20, unconstrained {unconstrained_valid}/20");
+    assert!(cut.len() <= 2, "outputs cut by max_tokens: {cut:?}");
+    println!(
+        "schema-valid outputs: constrained {}/20 ({} cut by max_tokens), unconstrained {unconstrained_valid}/20",
+        20 - cut.len(),
+        cut.len()
+    );
 }
 
 /// Tokens the schema forces (keys, separators, the rest of an enum value) are fed without a
