@@ -459,15 +459,11 @@ fn row_dots_avx2(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) -> usize {
         while r0 < rows {
             let take = (rows - r0).min(3);
             let x = &x[r0 * k..(r0 + take) * k];
-            let sums: [[f32; 4]; 3] = match take {
-                3 => dots_avx2::<3>(x, w, k),
-                2 => pad(dots_avx2::<2>(x, w, k)),
-                _ => pad(dots_avx2::<1>(x, w, k)),
-            };
-            for (r, sums) in sums.iter().enumerate().take(take) {
-                for (c, s) in sums.iter().enumerate() {
-                    out[(r0 + r) * n + c0 + c] = s + l.b[c0 + c];
-                }
+            let out = &mut out[r0 * n..];
+            match take {
+                3 => dots_avx2::<3>(x, w, k, &l.b[c0..c0 + 4], &mut out[c0..], n),
+                2 => dots_avx2::<2>(x, w, k, &l.b[c0..c0 + 4], &mut out[c0..], n),
+                _ => dots_avx2::<1>(x, w, k, &l.b[c0..c0 + 4], &mut out[c0..], n),
             }
             r0 += take;
         }
@@ -475,17 +471,19 @@ fn row_dots_avx2(x: &[f32], rows: usize, l: &Linear, out: &mut [f32]) -> usize {
     blocks
 }
 
-/// Rows of sums padded to three.
-#[cfg(target_arch = "x86_64")]
-fn pad<const R: usize>(sums: [[f32; 4]; R]) -> [[f32; 4]; 3] {
-    std::array::from_fn(|r| if r < R { sums[r] } else { [0.0; 4] })
-}
-
-/// The dot products of `R` rows of `x` (`R × k`) with 4 rows of `w` (`4 × k`).
+/// `out[r · stride + c] = x_r · w_c + bias[c]` for the `R` rows of `x` (`R × k`) and the 4 rows
+/// of `w` (`4 × k`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn dots_avx2<const R: usize>(x: &[f32], w: &[f32], k: usize) -> [[f32; 4]; R] {
+fn dots_avx2<const R: usize>(
+    x: &[f32],
+    w: &[f32],
+    k: usize,
+    bias: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) {
     use std::arch::x86_64::*;
     assert!(x.len() == R * k && w.len() == 4 * k);
     let whole = k / 8 * 8;
@@ -505,20 +503,23 @@ fn dots_avx2<const R: usize>(x: &[f32], w: &[f32], k: usize) -> [[f32; 4]; R] {
             }
         }
     }
-    std::array::from_fn(|r| {
-        std::array::from_fn(|c| {
-            let v = acc[c][r];
-            let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    for (c, (acc, b)) in acc.iter().zip(bias).enumerate() {
+        for (r, v) in acc.iter().enumerate() {
+            let half = _mm_add_ps(_mm256_castps256_ps128(*v), _mm256_extractf128_ps::<1>(*v));
             let pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
             let one = _mm_add_ss(pair, _mm_shuffle_ps::<0b01>(pair, pair));
-            let tail: f32 = x[r * k + whole..(r + 1) * k]
-                .iter()
-                .zip(&w[c * k + whole..(c + 1) * k])
-                .map(|(a, b)| a * b)
-                .sum();
-            _mm_cvtss_f32(one) + tail
-        })
-    })
+            // The inputs past the last whole vector (none at the usual widths).
+            let tail = if whole < k {
+                dot(
+                    &x[r * k + whole..(r + 1) * k],
+                    &w[c * k + whole..(c + 1) * k],
+                )
+            } else {
+                0.0
+            };
+            out[r * stride + c] = _mm_cvtss_f32(one) + tail + b;
+        }
+    }
 }
 
 /// `x ← LayerNorm(x + residual)` row by row.
@@ -711,7 +712,7 @@ mod tests {
         };
         // Inputs with and without a partial vector, outputs with and without a partial block
         // of four; row counts around the groups of three.
-        for (k, n) in [(48, 64), (40, 37), (16, 6), (5, 3)] {
+        for (k, n) in [(48, 64), (40, 37), (12, 8), (16, 6), (5, 3)] {
             let l = Linear {
                 w: (0..n * k).map(|_| next()).collect(),
                 b: (0..n).map(|_| next()).collect(),

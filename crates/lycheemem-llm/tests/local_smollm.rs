@@ -210,12 +210,12 @@ fn schema_constrained_output_always_validates() {
                 out.completion_tokens
             );
             cut.push(dialogue);
-            continue;
+        } else {
+            let value: serde_json::Value = serde_json::from_str(&out.text)
+                .unwrap_or_else(|e| panic!("{dialogue}: {e}: {}", out.text));
+            validate_against_schema(&value, &schema)
+                .unwrap_or_else(|e| panic!("{dialogue}: {e}: {}", out.text));
         }
-        let value: serde_json::Value = serde_json::from_str(&out.text)
-            .unwrap_or_else(|e| panic!("{dialogue}: {e}: {}", out.text));
-        validate_against_schema(&value, &schema)
-            .unwrap_or_else(|e| panic!("{dialogue}: {e}: {}", out.text));
         let free = model()
             .complete(
                 &messages,
