@@ -42,6 +42,9 @@ pub struct BenchRetrieveArgs {
     /// segment by segment.
     #[arg(long, value_name = "URL")]
     postgres: Option<String>,
+    /// Also print every question's time, candidates, records read and stage times (stderr).
+    #[arg(long)]
+    per_query: bool,
 }
 
 pub fn run(models_dir: &Path, args: BenchRetrieveArgs) -> Result<()> {
@@ -198,6 +201,16 @@ fn measure_size(
             let t = Instant::now();
             let result = retriever.search(&ns, &req)?;
             total.push(t.elapsed().as_secs_f64() * 1e3);
+            if args.per_query {
+                eprintln!(
+                    "[{n}] question {i}{}: {:.1} ms, {} candidates, {} records read, stages {:?}",
+                    if i % 2 == 1 { " (time filter)" } else { "" },
+                    total[total.len() - 1],
+                    result.candidates.found,
+                    result.candidates.resolved,
+                    result.timings
+                );
+            }
             for (stage, ms) in result.timings {
                 stages.entry(stage).or_default().push(ms);
             }

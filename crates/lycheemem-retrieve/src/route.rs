@@ -87,6 +87,9 @@ struct Found {
     /// Its best cosine to each variant that found it by similarity (what bounds its
     /// similarity to the leading variants before it is resolved).
     cos: Vec<(usize, f32)>,
+    /// Its best cosine to the leading variants, when a channel computed it from the record's
+    /// own vector (the same cosine resolving it computes, so its similarity bound is exact).
+    lead_cos: Option<f32>,
 }
 
 /// Every channel, by bit position in [`Found::channels`].
@@ -142,6 +145,7 @@ impl Pool {
                 variants: Vec::new(),
                 nodes: Vec::new(),
                 cos: Vec::new(),
+                lead_cos: None,
             });
             next
         });
@@ -191,6 +195,14 @@ impl Pool {
                 None => c.cos.push((v, cos)),
             }
         }
+    }
+}
+
+impl Pool {
+    /// Notes a record's best cosine to the leading variants, computed from its own vector.
+    fn lead_cos(&mut self, target: CandidateTarget, cos: f32) {
+        let c = self.entry(target);
+        c.lead_cos = Some(c.lead_cos.map_or(cos, |known| known.max(cos)));
     }
 }
 
@@ -375,12 +387,44 @@ struct Pending {
     candidate: Found,
     /// Upper bound of its field score once resolved and given its bonuses.
     field_ub: f32,
+    /// When its field is known before resolving (a leading variant or a variant-free channel
+    /// found it) and only its bonuses are not: the largest field it can have, computed as
+    /// [`apply_bonuses`] adds them (so a resolved field can equal it exactly; window anchors
+    /// tied on it are then told apart by target, as [`add_windows`] orders them).
+    field_max: Option<f32>,
     /// Upper bound of its route score (no rerank: an unresolved record is never in the rerank
     /// pool, see [`RouteCandidates::settle`]).
     score_ub: f32,
+    /// With `field_max`: the largest route score it can have, computed as [`set_route_score`]
+    /// does from `field_max` and the bound of its similarity. Many records tie exactly (a
+    /// similarity under the `r` floor scores 0), and ties are told apart by target.
+    score_max: Option<f32>,
 }
 
 impl Pending {
+    /// Whether, once resolved, it could come before `anchor` in window-anchor order (by
+    /// [`anchor_order`]; a record without turns never does, but that is not known yet).
+    fn may_precede(&self, anchor: &Scored) -> bool {
+        match self.field_max {
+            Some(max) => {
+                max > anchor.field || (max == anchor.field && self.candidate.target < anchor.target)
+            }
+            None => self.field_ub >= anchor.field,
+        }
+    }
+
+    /// Whether, once resolved, it could come before `last` in route order
+    /// ([`by_route_score`]).
+    fn may_outrank(&self, last: &Scored) -> bool {
+        match self.score_max {
+            Some(max) => {
+                max > last.route_score
+                    || (max == last.route_score && self.candidate.target < last.target)
+            }
+            None => self.score_ub >= last.route_score,
+        }
+    }
+
     fn record_id(&self) -> Option<&str> {
         match &self.candidate.target {
             CandidateTarget::Record { record_id } => Some(record_id),
@@ -460,19 +504,30 @@ impl Bounds {
     }
 
     fn pending(&self, cfg: &RetrievalConfig, candidate: Found) -> Pending {
-        let r_ub = self.r_ub(&candidate.cos);
+        let mut r_ub = self.r_ub(&candidate.cos);
+        if let Some(cos) = candidate.lead_cos {
+            r_ub = r_ub.min(r_of((f64::from(cos) + COS_MARGIN).min(1.0) as f32));
+        }
         let field = match candidate.lead_field {
             Some(f) => f64::from(f),
             None => record_field(cfg, r_ub),
         };
         let variants = variants_bonus_of(cfg, candidate.variants.len());
         let field_ub = (field + self.bonus_ub) as f32 + SCORE_MARGIN;
+        let field_max = candidate.lead_field.map(|f| f + self.bonus_ub as f32);
         let score_ub =
             field_ub + (self.r_weight * f64::from(r_ub) + variants) as f32 + SCORE_MARGIN;
+        // As `set_route_score` adds: field, weighted similarity, variant bonus (a negative
+        // weight is at most 0 times the similarity).
+        let weight = cfg.route_r_weight as f32;
+        let r_term = if weight >= 0.0 { weight * r_ub } else { 0.0 };
+        let score_max = field_max.map(|f| f + r_term + variants as f32);
         Pending {
             candidate,
             field_ub,
+            field_max,
             score_ub,
+            score_max,
         }
     }
 }
@@ -549,7 +604,17 @@ pub fn recall_route<'r>(
     let mut pool = Pool::new(lead);
     let rid = route.route_id.as_str();
     if cfg.channel_temporal && !route.temporal_filter.is_open() {
-        recall_temporal(ctx, &route.temporal_filter, &budget, &mut pool)?;
+        let lead_vectors: Vec<&[f32]> = variant_vectors[..lead.min(variant_vectors.len())]
+            .iter()
+            .map(Vec::as_slice)
+            .collect();
+        recall_temporal(
+            ctx,
+            &route.temporal_filter,
+            &budget,
+            &lead_vectors,
+            &mut pool,
+        )?;
     }
     // Node hits are expanded to records last, scored by the records' own similarity.
     let node_hits = if cfg.channel_nodes {
@@ -661,7 +726,11 @@ impl RouteCandidates<'_> {
             } else {
                 RESOLVE_STEP.max(cache.resolved())
             };
-            self.resolve_next(ctx, cache, step)?;
+            if self.windows_built {
+                self.resolve_next(ctx, cache, step)?;
+            } else {
+                self.resolve_anchor_candidates(ctx, cache, step)?;
+            }
         }
         self.timings.score_ms += started.elapsed().as_secs_f64() * 1e3;
         Ok(())
@@ -723,21 +792,65 @@ impl RouteCandidates<'_> {
             .fold(f32::NEG_INFINITY, f32::max)
     }
 
-    /// The window anchors (the best `window_anchors` records with turns, by field) are all
-    /// resolved: no unresolved record can reach the last one's field.
+    /// The window anchors (the best `window_anchors` records with turns, by field, ties by
+    /// target as [`add_windows`] orders them) are all resolved: no unresolved record can reach
+    /// the last one's place.
     fn anchors_settled(&self, ctx: &RouteContext<'_>) -> bool {
         let cfg = ctx.cfg;
         let profile = cfg.types.get(ctx.question_type);
         if !cfg.channel_turns || profile.window == 0 || cfg.window_anchors == 0 {
             return true;
         }
-        let fields = self
+        let mut anchors: Vec<&Scored> = self
             .exact
             .iter()
             .filter(|c| !c.is_raw() && !c.info.turns.is_empty())
-            .map(|c| c.field)
             .collect();
-        nth_largest(fields, cfg.window_anchors).is_some_and(|f| f > self.max_field_ub())
+        let n = cfg.window_anchors;
+        if anchors.len() < n {
+            return false;
+        }
+        anchors.select_nth_unstable_by(n - 1, anchor_order);
+        let last = anchors[n - 1];
+        self.pending.iter().all(|p| !p.may_precede(last))
+    }
+
+    /// Resolves, out of score order, the `n` unresolved records that could come first as
+    /// window anchors (largest possible field, then target).
+    fn resolve_anchor_candidates(
+        &mut self,
+        ctx: &RouteContext<'_>,
+        cache: &mut ResolveCache,
+        n: usize,
+    ) -> Result<()> {
+        let mut order: Vec<usize> = (0..self.pending.len()).collect();
+        let key = |p: &Pending| p.field_max.unwrap_or(p.field_ub);
+        let n = n.min(order.len());
+        if n == 0 {
+            return Ok(());
+        }
+        let by_anchor = |a: &usize, b: &usize| {
+            let (pa, pb) = (&self.pending[*a], &self.pending[*b]);
+            key(pb)
+                .total_cmp(&key(pa))
+                .then(pa.candidate.target.cmp(&pb.candidate.target))
+        };
+        order.select_nth_unstable_by(n - 1, by_anchor);
+        let mut take = vec![false; self.pending.len()];
+        for &i in &order[..n] {
+            take[i] = true;
+        }
+        let mut batch = Vec::with_capacity(n);
+        let mut rest = std::collections::VecDeque::with_capacity(self.pending.len() - n);
+        for (p, take) in std::mem::take(&mut self.pending).into_iter().zip(take) {
+            if take {
+                batch.push(p);
+            } else {
+                rest.push_back(p);
+            }
+        }
+        self.pending = rest;
+        self.resolve_batch(ctx, cache, batch)
     }
 
     /// The rerank pool (the best `max(rerank_floor, rerank_factor·k)` by field) is resolved.
@@ -751,13 +864,20 @@ impl RouteCandidates<'_> {
         nth_largest(fields, n).is_some_and(|f| f > self.max_field_ub())
     }
 
-    /// The route's top `depth` by route score is resolved.
+    /// The route's top `depth` by route score is resolved: no unresolved record can come
+    /// before the last of them.
     fn order_settled(&self, depth: usize) -> bool {
         let Some(bound) = self.pending_bound() else {
             return true;
         };
-        let scores = self.exact.iter().map(|c| c.route_score).collect();
-        nth_largest(scores, depth.max(1)).is_some_and(|s| s > bound)
+        let depth = depth.max(1);
+        if self.exact.len() < depth {
+            return false;
+        }
+        let mut order: Vec<&Scored> = self.exact.iter().collect();
+        order.select_nth_unstable_by(depth - 1, |a, b| by_route_score(a, b));
+        let last = order[depth - 1];
+        bound < last.route_score || self.pending.iter().all(|p| !p.may_outrank(last))
     }
 
     fn resolve_next(
@@ -839,6 +959,7 @@ fn recall_temporal(
     ctx: &RouteContext<'_>,
     filter: &TemporalFilter,
     budget: &RecallBudget,
+    lead_vectors: &[&[f32]],
     pool: &mut Pool,
 ) -> Result<()> {
     let cfg = ctx.cfg;
@@ -848,11 +969,31 @@ fn recall_temporal(
     let nodes = ctx.store.temporal_nodes(ctx.ns, &since, &until)?;
     let mut linked = 0usize;
     for n in nodes {
+        if linked >= temporal_n {
+            break;
+        }
         let score = if n.key.starts_with("day:") {
             cfg.temporal_day_score
         } else {
             cfg.temporal_month_score
         } as f32;
+        // A temporal hit carries no similarity, so its bound would send every one of them
+        // (up to `temporal_n`) to be resolved. A node the store searches (a large one) gives
+        // every member's cosine to the leading variants from the same vectors resolving reads:
+        // their bounds become exact and only those that can rank are resolved.
+        let members = n.record_ids.len();
+        let mut lead_cos: HashMap<String, f32> = HashMap::new();
+        if !lead_vectors.is_empty() && members >= ctx.store.node_search_above() {
+            let lists =
+                ctx.store
+                    .vector_search_node_many(ctx.ns, &n.node_id, lead_vectors, members)?;
+            for hit in lists.into_iter().flatten() {
+                if let ItemRef::Record(id) = hit.item {
+                    let best = lead_cos.entry(id).or_insert(hit.score);
+                    *best = best.max(hit.score);
+                }
+            }
+        }
         for record_id in &n.record_ids {
             if linked >= temporal_n {
                 break;
@@ -866,6 +1007,9 @@ fn recall_temporal(
                 Some(&n.node_id),
                 None,
             );
+            if let Some(&cos) = lead_cos.get(record_id) {
+                pool.lead_cos(record_target(record_id), cos);
+            }
         }
     }
     Ok(())
@@ -1211,6 +1355,11 @@ fn apply_bonuses(ctx: &RouteContext<'_>, candidates: &mut [Scored], filter: &Tem
 /// search and [`cosine`]) differs in the last bits.
 const FIELD_ROUNDING: f32 = 1e-5;
 
+/// Window anchors' order: field, best first, then target.
+fn anchor_order(a: &&Scored, b: &&Scored) -> std::cmp::Ordering {
+    b.field.total_cmp(&a.field).then(a.target.cmp(&b.target))
+}
+
 /// Source windows: the best `window_anchors` records' evidence turns ± window become window
 /// candidates (merged when they touch); raw-turn hits inside a window are folded into it.
 fn add_windows(
@@ -1230,7 +1379,7 @@ fn add_windows(
         .iter()
         .filter(|c| !c.is_raw() && !c.info.turns.is_empty())
         .collect();
-    anchors.sort_by(|a, b| b.field.total_cmp(&a.field).then(a.target.cmp(&b.target)));
+    anchors.sort_by(|a, b| anchor_order(a, b));
     anchors.truncate(cfg.window_anchors);
     // Intervals per session, then merged.
     let mut spans: BTreeMap<String, Vec<(u32, u32, Vec<usize>)>> = BTreeMap::new();

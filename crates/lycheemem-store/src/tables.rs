@@ -31,6 +31,10 @@ pub(crate) const VECTORS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("
 pub(crate) const KEYS: TableDefinition<&[u8], &str> = TableDefinition::new("keys");
 /// `ns \0 target id` → index key: finds an item's vector without decoding its row.
 pub(crate) const ID_KEYS: TableDefinition<&[u8], u64> = TableDefinition::new("id_keys");
+/// `ns \0 node id` → the node's member records with their index keys, in the binary layout of
+/// [`encode_members`]. Derived from the node row in the same transaction; retrieval reads it
+/// instead of decoding the node's JSON row and looking each member's key up.
+pub(crate) const NODE_MEMBERS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("node_members");
 /// `ns \0 target id` → (): items without a current vector.
 pub(crate) const PENDING: TableDefinition<&[u8], ()> = TableDefinition::new("pending_vectors");
 /// seq → [`Change`]: what the derived indexes must apply.
@@ -68,6 +72,86 @@ pub(crate) enum Change {
     DropNamespace {
         ns: String,
     },
+}
+
+/// A node's members as stored in [`NODE_MEMBERS`]: record ids in the node's (sorted) order and
+/// each one's index key, 0 where the record had none when the row was written.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Members {
+    pub ids: Vec<String>,
+    pub keys: Vec<u64>,
+}
+
+/// Bytes of the count at the head of a members row.
+const MEMBERS_HEAD: usize = 4;
+
+/// `u32` count, then every key (`u64`), then every id's byte length (`u32`), then the ids'
+/// bytes back to back; all little-endian.
+pub(crate) fn encode_members<'a>(members: impl Iterator<Item = (&'a str, u64)>) -> Vec<u8> {
+    let members: Vec<(&str, u64)> = members.collect();
+    let text: usize = members.iter().map(|(id, _)| id.len()).sum();
+    let mut out = Vec::with_capacity(MEMBERS_HEAD + members.len() * 12 + text);
+    out.extend_from_slice(&(members.len() as u32).to_le_bytes());
+    for (_, key) in &members {
+        out.extend_from_slice(&key.to_le_bytes());
+    }
+    for (id, _) in &members {
+        out.extend_from_slice(&(id.len() as u32).to_le_bytes());
+    }
+    for (id, _) in &members {
+        out.extend_from_slice(id.as_bytes());
+    }
+    out
+}
+
+fn corrupt_members() -> Error {
+    Error::Store("corrupt node members row".into())
+}
+
+/// How many members a members row lists (its head only).
+pub(crate) fn member_count(bytes: &[u8]) -> Result<usize> {
+    let head = bytes.get(..MEMBERS_HEAD).ok_or_else(corrupt_members)?;
+    Ok(u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize)
+}
+
+/// Decodes a members row written by [`encode_members`]; a row of any other shape is an error.
+pub(crate) fn decode_members(bytes: &[u8]) -> Result<Members> {
+    let n = member_count(bytes)?;
+    let keys_end = n
+        .checked_mul(8)
+        .and_then(|k| k.checked_add(MEMBERS_HEAD))
+        .ok_or_else(corrupt_members)?;
+    let lens_end = n
+        .checked_mul(4)
+        .and_then(|l| l.checked_add(keys_end))
+        .ok_or_else(corrupt_members)?;
+    let keys_bytes = bytes
+        .get(MEMBERS_HEAD..keys_end)
+        .ok_or_else(corrupt_members)?;
+    let lens_bytes = bytes.get(keys_end..lens_end).ok_or_else(corrupt_members)?;
+    let mut text = &bytes[lens_end..];
+    let keys = keys_bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+        .collect();
+    let mut ids = Vec::with_capacity(n);
+    for c in lens_bytes.chunks_exact(4) {
+        let len = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+        if len > text.len() {
+            return Err(corrupt_members());
+        }
+        let (id, rest) = text.split_at(len);
+        ids.push(
+            std::str::from_utf8(id)
+                .map_err(|_| corrupt_members())?
+                .to_string(),
+        );
+        text = rest;
+    }
+    if !text.is_empty() {
+        return Err(corrupt_members());
+    }
+    Ok(Members { ids, keys })
 }
 
 pub(crate) fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
@@ -145,4 +229,36 @@ pub(crate) fn vector_from_bytes(b: &[u8]) -> Vec<f32> {
 /// Maps any redb error into the store error.
 pub(crate) fn db_err(e: impl Into<redb::Error>) -> Error {
     Error::Store(format!("database: {}", e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_rows_round_trip_and_reject_every_truncation() {
+        let ids = ["r1", "", "récord-ü", "r3"];
+        let keys = [7u64, 0, u64::MAX, 1];
+        let row = encode_members(ids.iter().copied().zip(keys));
+        assert_eq!(member_count(&row).unwrap(), 4);
+        let m = decode_members(&row).unwrap();
+        assert_eq!(m.ids, ids);
+        assert_eq!(m.keys, keys);
+        assert_eq!(
+            decode_members(&encode_members(std::iter::empty())).unwrap(),
+            Members::default()
+        );
+        for cut in 0..row.len() {
+            assert!(decode_members(&row[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = row.clone();
+        longer.push(b'x');
+        assert!(decode_members(&longer).is_err());
+        // A count far past the row's bytes, and an id that is not UTF-8.
+        assert!(decode_members(&[255, 255, 255, 255]).is_err());
+        let mut bad = encode_members([("ab", 1u64)].into_iter());
+        let last = bad.len() - 1;
+        bad[last] = 0xff;
+        assert!(decode_members(&bad).is_err());
+    }
 }

@@ -658,7 +658,7 @@ fn node_members_and_node_search_see_every_write_that_returned() {
     let all: Vec<&lycheemem_core::Record> = records.iter().collect();
     let merged = node(NodeKind::Entity, "topic-s-0", &all);
     assert_eq!(merged.node_id, node_id);
-    w.nodes = vec![(merged, Some(vector(1010)))];
+    w.nodes = vec![(merged.clone(), Some(vector(1010)))];
     store.commit_segment(&a, w).unwrap();
     let hit = &by_node(&fresh, 1)[0];
     assert_eq!(hit.item, ItemRef::Record(lisbon.record_id.clone()));
@@ -674,6 +674,17 @@ fn node_members_and_node_search_see_every_write_that_returned() {
             .all(|h| h.item != ItemRef::Record(lisbon.record_id.clone()))
     );
     assert_eq!(by_node(&fresh, 70).len(), 70);
+
+    // Stated again after its deletion (a new item for the store) and linked again: the node
+    // finds it, as the node search of every write that returned must.
+    let mut w = segment_write(&a, "s", 4, 5, &["Alice moved to Lisbon"], 999);
+    assert_eq!(w.records[0].0.record_id, lisbon.record_id);
+    w.nodes = vec![(merged, Some(vector(1010)))];
+    store.commit_segment(&a, w).unwrap();
+    let hit = &by_node(&fresh, 1)[0];
+    assert_eq!(hit.item, ItemRef::Record(lisbon.record_id.clone()));
+    assert!(hit.score > 0.999);
+    assert_eq!(store.node_members(&a, &ids, 10).unwrap()[0].records, 71);
 }
 
 #[test]

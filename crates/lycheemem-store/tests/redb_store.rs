@@ -240,3 +240,74 @@ fn many_concurrent_searches_all_succeed() {
         store.checkpoint().unwrap();
     }
 }
+
+/// Opens the database file of a closed store directly (what an older build left behind).
+fn raw_database(dir: &std::path::Path) -> redb::Database {
+    redb::Database::open(dir.join("store.redb")).unwrap()
+}
+
+const COUNTERS: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("counters");
+
+#[test]
+fn a_store_from_before_the_node_members_table_gets_it_filled_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = ns("a");
+    let texts: Vec<String> = (0..70).map(|i| format!("Alice fact number {i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let (node_id, expected, query) = {
+        let store = open(dir.path());
+        add_turns(&store, &a, "s", 6, 0);
+        let w = segment_write(&a, "s", 0, 3, &refs, 10);
+        let node_id = w.nodes[0].0.node_id.clone();
+        store.commit_segment(&a, w).unwrap();
+        let q = vector(15);
+        let expected = store.vector_search_node(&a, &node_id, &q, 5).unwrap();
+        (node_id, expected, q)
+    };
+    // What a store written before the table existed looks like: no table, no fill mark.
+    {
+        let db = raw_database(dir.path());
+        let txn = db.begin_write().unwrap();
+        let members: redb::TableDefinition<&[u8], &[u8]> =
+            redb::TableDefinition::new("node_members");
+        assert!(txn.delete_table(members).unwrap());
+        txn.open_table(COUNTERS)
+            .unwrap()
+            .remove("node_members_filled")
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = open(dir.path());
+    let ids = vec![node_id.clone()];
+    let listed = store.node_members(&a, &ids, 100).unwrap();
+    assert_eq!(listed[0].records, 70);
+    assert_eq!(listed[0].record_ids.as_ref().map(Vec::len), Some(70));
+    assert_eq!(store.node_members(&a, &ids, 10).unwrap()[0].records, 70);
+    assert_eq!(
+        store.vector_search_node(&a, &node_id, &query, 5).unwrap(),
+        expected
+    );
+}
+
+#[test]
+fn a_store_of_a_later_format_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path()));
+    {
+        let db = raw_database(dir.path());
+        let txn = db.begin_write().unwrap();
+        txn.open_table(COUNTERS)
+            .unwrap()
+            .insert("format", 1_000)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let err = Store::open(dir.path(), StoreOptions::new(DIMS))
+        .err()
+        .expect("a later format must be refused")
+        .to_string();
+    assert!(
+        err.contains("newer lycheemem") && err.contains("1000"),
+        "{err}"
+    );
+}

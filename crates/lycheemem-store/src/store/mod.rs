@@ -48,6 +48,11 @@ pub struct Store {
 }
 
 const DB_FILE: &str = "store.redb";
+/// The table layout this build writes, kept in the `format` counter; a store of a later format
+/// is refused. 1: the node members table (`tables::NODE_MEMBERS`, filled on first open).
+/// Builds before format 1 do not check it and do not maintain that table: a store opened by
+/// this build must not be written by an older one.
+const STORE_FORMAT: u64 = 1;
 /// How long opening waits for a directory lock held by someone else before it says so.
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
@@ -171,6 +176,19 @@ impl Store {
                         .map_err(db_err)?;
                     dims = options.dims;
                 }
+            }
+            let format = counters
+                .get("format")
+                .map_err(db_err)?
+                .map_or(0, |v| v.value());
+            if format > STORE_FORMAT {
+                return Err(Error::Config(format!(
+                    "this store was written by a newer lycheemem (store format {format}; this \
+                     build reads formats up to {STORE_FORMAT}); upgrade lycheemem to open it"
+                )));
+            }
+            if format < STORE_FORMAT {
+                counters.insert("format", STORE_FORMAT).map_err(db_err)?;
             }
             let mut info = txn.open_table(INFO).map_err(db_err)?;
             let existing = info

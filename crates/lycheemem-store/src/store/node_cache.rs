@@ -160,14 +160,14 @@ impl NodeCache {
 impl Store {
     /// The members of node `node_id` resolved and packed: from the cache, else read in `txn`
     /// (and cached when large and no write committed since `generation`). `None` when the node
-    /// does not exist.
+    /// does not exist. `members` is the node's members row when the caller already read it.
     pub(super) fn resolved_node(
         &self,
         txn: &redb::ReadTransaction,
         ns: &Namespace,
         node_id: &str,
         generation: u64,
-        row: Option<NodeRow>,
+        members: Option<Members>,
     ) -> Result<Option<Arc<ResolvedNode>>> {
         let key = keys::ns_str(ns, node_id);
         if let Some(hit) = self
@@ -178,23 +178,36 @@ impl Store {
         {
             return Ok(Some(hit));
         }
-        let row = match row {
-            Some(row) => row,
+        let members = match members {
+            Some(members) => members,
             None => {
-                let nodes = txn.open_table(NODES).map_err(db_err)?;
-                match get_json::<NodeRow>(&nodes, &key, "node")? {
-                    Some(row) => row,
-                    None => return Ok(None),
-                }
+                let table = txn.open_table(NODE_MEMBERS).map_err(db_err)?;
+                let Some(row) = table.get(key.as_slice()).map_err(db_err)? else {
+                    return Ok(None);
+                };
+                decode_members(row.value())?
             }
         };
-        let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
-        let ids: Vec<String> = row.node.record_ids.into_iter().collect();
+        let Members {
+            ids,
+            keys: member_keys,
+        } = members;
         let mut keyed = Vec::with_capacity(ids.len());
-        for (i, id) in ids.iter().enumerate() {
-            if let Some(k) = id_keys
-                .get(keys::pending(ns, Target::Record, id).as_slice())
-                .map_err(db_err)?
+        let mut id_keys = None;
+        for (i, (id, &k)) in ids.iter().zip(&member_keys).enumerate() {
+            if k != 0 {
+                keyed.push((i as u32, k));
+                continue;
+            }
+            // A record without a key when the row was written (none is expected: a node's
+            // records are stored first) is looked up now.
+            if id_keys.is_none() {
+                id_keys = Some(txn.open_table(ID_KEYS).map_err(db_err)?);
+            }
+            if let Some(table) = &id_keys
+                && let Some(k) = table
+                    .get(keys::pending(ns, Target::Record, id).as_slice())
+                    .map_err(db_err)?
             {
                 keyed.push((i as u32, k.value()));
             }

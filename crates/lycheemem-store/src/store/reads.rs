@@ -46,7 +46,7 @@ impl StoreLookup for Store {
     ) -> Result<Vec<NodeMembers>> {
         let generation = self.node_cache_generation();
         let txn = self.read()?;
-        let nodes = txn.open_table(NODES).map_err(db_err)?;
+        let table = txn.open_table(NODE_MEMBERS).map_err(db_err)?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let key = keys::ns_str(ns, id);
@@ -64,16 +64,23 @@ impl StoreLookup for Store {
                 out.push(unlisted(node.ids.len()));
                 continue;
             }
-            let Some(row) = get_json::<NodeRow>(&nodes, &key, "node")? else {
+            let Some(row) = table.get(key.as_slice()).map_err(db_err)? else {
                 continue;
             };
-            let records = row.node.record_ids.len();
+            let records = member_count(row.value())?;
             if records > list_up_to && records >= node_cache::CACHED_FROM {
                 // Resolved now: the node search that follows finds it in the cache.
-                self.resolved_node(&txn, ns, id, generation, Some(row))?;
+                let members = decode_members(row.value())?;
+                self.resolved_node(&txn, ns, id, generation, Some(members))?;
+                out.push(unlisted(records));
+            } else if records > list_up_to {
                 out.push(unlisted(records));
             } else {
-                out.push(NodeMembers::of(row.node, list_up_to));
+                out.push(NodeMembers {
+                    node_id: id.clone(),
+                    records,
+                    record_ids: Some(decode_members(row.value())?.ids),
+                });
             }
         }
         Ok(out)

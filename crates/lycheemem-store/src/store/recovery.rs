@@ -9,6 +9,7 @@ impl Store {
     pub(super) fn recover(&self) -> Result<()> {
         let _w = self.write.lock().unwrap_or_else(lock_poisoned);
         self.backfill_id_keys()?;
+        self.backfill_node_members()?;
         let seq = self.counter("seq")?;
         let floor = self.counter("log_floor")?;
         let mut vectors = self.vectors.write().unwrap_or_else(lock_poisoned);
@@ -54,6 +55,43 @@ impl Store {
             }
             let mut counters = txn.open_table(COUNTERS).map_err(db_err)?;
             counters.insert("id_keys_filled", 1).map_err(db_err)?;
+        }
+        txn.commit().map_err(db_err)
+    }
+
+    /// Stores written before the node members table existed get it filled from the node rows
+    /// and the id → key table.
+    pub(super) fn backfill_node_members(&self) -> Result<()> {
+        if self.counter("node_members_filled")? == 1 {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let nodes = txn.open_table(NODES).map_err(db_err)?;
+            let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
+            let mut members = txn.open_table(NODE_MEMBERS).map_err(db_err)?;
+            for entry in nodes.iter().map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                let k = k.value();
+                let Some(ns) = key_namespace(k) else { continue };
+                let ns = Namespace::new(ns)?;
+                let row: NodeRow = from_json(v.value(), "node")?;
+                let mut found = Vec::with_capacity(row.node.record_ids.len());
+                for id in &row.node.record_ids {
+                    found.push(
+                        id_keys
+                            .get(keys::pending(&ns, Target::Record, id).as_slice())
+                            .map_err(db_err)?
+                            .map_or(0, |key| key.value()),
+                    );
+                }
+                let ids = row.node.record_ids.iter().map(String::as_str);
+                members
+                    .insert(k, encode_members(ids.zip(found)).as_slice())
+                    .map_err(db_err)?;
+            }
+            let mut counters = txn.open_table(COUNTERS).map_err(db_err)?;
+            counters.insert("node_members_filled", 1).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)
     }

@@ -332,16 +332,27 @@ impl StoreSearch for Store {
                 .map(|k| k.value());
             keyed.push((target, key));
         }
-        let indexed: Vec<Option<Vec<f32>>> = {
+        // One lookup batch per target (an index's lookup costs a map probe per call).
+        let mut indexed: Vec<Option<Vec<f32>>> = vec![None; keyed.len()];
+        {
             let vectors = self.vectors.read().unwrap_or_else(lock_poisoned);
-            keyed
-                .iter()
-                .map(|(target, key)| {
-                    let key = (*key)?;
-                    vectors.get_many(ns.as_str(), *target, &[key]).pop()?
-                })
-                .collect()
-        };
+            for target in Target::ALL {
+                let (at, batch): (Vec<usize>, Vec<u64>) = keyed
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, (t, key))| (*t == target).then_some((i, (*key)?)))
+                    .unzip();
+                if batch.is_empty() {
+                    continue;
+                }
+                for (i, v) in at
+                    .into_iter()
+                    .zip(vectors.get_many(ns.as_str(), target, &batch))
+                {
+                    indexed[i] = v;
+                }
+            }
+        }
         let table = txn.open_table(VECTORS).map_err(db_err)?;
         let mut out = Vec::with_capacity(items.len());
         for ((target, key), found) in keyed.into_iter().zip(indexed) {

@@ -9,6 +9,7 @@ pub(crate) struct Writer<'t> {
     segments: Table<'t, &'static [u8], &'static [u8]>,
     records: Table<'t, &'static [u8], &'static [u8]>,
     nodes: Table<'t, &'static [u8], &'static [u8]>,
+    node_members: Table<'t, &'static [u8], &'static [u8]>,
     record_nodes: Table<'t, &'static [u8], ()>,
     session_records: Table<'t, &'static [u8], ()>,
     state: Table<'t, &'static [u8], &'static [u8]>,
@@ -46,6 +47,7 @@ impl<'t> Writer<'t> {
             segments: txn.open_table(SEGMENTS).map_err(db_err)?,
             records: txn.open_table(RECORDS).map_err(db_err)?,
             nodes: txn.open_table(NODES).map_err(db_err)?,
+            node_members: txn.open_table(NODE_MEMBERS).map_err(db_err)?,
             record_nodes: txn.open_table(RECORD_NODES).map_err(db_err)?,
             session_records: txn.open_table(SESSION_RECORDS).map_err(db_err)?,
             state: txn.open_table(STATE).map_err(db_err)?,
@@ -266,6 +268,13 @@ impl<'t> Writer<'t> {
                 .insert(link.as_slice(), ())
                 .map_err(db_err)?;
         }
+        let members = self.member_keys(ns, &nkey, &node.record_ids)?;
+        self.node_members
+            .insert(
+                nkey.as_slice(),
+                encode_members(node.record_ids.iter().map(String::as_str).zip(members)).as_slice(),
+            )
+            .map_err(db_err)?;
         let id = node.node_id.clone();
         let target = Target::Node(node.kind);
         self.set_vector(ns, target, key, &id, vector)?;
@@ -274,6 +283,36 @@ impl<'t> Writer<'t> {
             .insert(nkey.as_slice(), to_json(&row)?.as_slice())
             .map_err(db_err)?;
         self.log_item(ns, target, &id, key)
+    }
+
+    /// The index keys of a node's records, in order: a record the node's members row already
+    /// lists with a key keeps it (a record's key never changes while it exists, and deleting
+    /// it rewrites its nodes), the others are looked up (0 for one without a key).
+    fn member_keys(
+        &self,
+        ns: &Namespace,
+        nkey: &[u8],
+        record_ids: &BTreeSet<String>,
+    ) -> Result<Vec<u64>> {
+        let old = match self.node_members.get(nkey).map_err(db_err)? {
+            Some(v) => decode_members(v.value())?,
+            None => Members::default(),
+        };
+        let mut known = old.ids.iter().map(String::as_str).zip(old.keys).peekable();
+        let mut out = Vec::with_capacity(record_ids.len());
+        for id in record_ids {
+            while known.next_if(|(k, _)| *k < id.as_str()).is_some() {}
+            let key = match known.next_if(|(k, _)| *k == id.as_str()) {
+                Some((_, key)) if key != 0 => key,
+                _ => self
+                    .id_keys
+                    .get(keys::pending(ns, Target::Record, id).as_slice())
+                    .map_err(db_err)?
+                    .map_or(0, |k| k.value()),
+            };
+            out.push(key);
+        }
+        Ok(out)
     }
 
     pub(crate) fn put_segment(&mut self, ns: &Namespace, row: &SegmentRow) -> Result<()> {
@@ -400,9 +439,9 @@ impl<'t> Writer<'t> {
         let Some(row) = self.node(ns, id)? else {
             return Ok(receipt);
         };
-        self.nodes
-            .remove(keys::ns_str(ns, id).as_slice())
-            .map_err(db_err)?;
+        let nkey = keys::ns_str(ns, id);
+        self.nodes.remove(nkey.as_slice()).map_err(db_err)?;
+        self.node_members.remove(nkey.as_slice()).map_err(db_err)?;
         for rid in &row.node.record_ids {
             let link = keys::pair(ns, rid, id);
             self.record_nodes.remove(link.as_slice()).map_err(db_err)?;
@@ -492,6 +531,7 @@ impl<'t> Writer<'t> {
         receipt.segments = drain(&mut self.segments, range.clone())?;
         receipt.records = drain(&mut self.records, range.clone())?;
         receipt.nodes_removed = drain(&mut self.nodes, range.clone())?;
+        drain(&mut self.node_members, range.clone())?;
         drain(&mut self.record_nodes, range.clone())?;
         drain(&mut self.session_records, range.clone())?;
         receipt.state_entries = drain(&mut self.state, range.clone())?;
