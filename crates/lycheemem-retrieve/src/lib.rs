@@ -416,7 +416,31 @@ impl Retriever<'_> {
                 distinct.push(t);
             }
         }
-        let vectors = self.embedder.embed(&distinct)?;
+        // The lexical channel needs only the texts: its searches run on another thread while
+        // the variants are embedded (the two take about as long at 100k records).
+        let (vectors, lexical) = std::thread::scope(|scope| {
+            let lexical = cfg.channel_lexical.then(|| {
+                let (store, question_type) = (self.store, plan.question_type);
+                let route_texts = &route_texts;
+                scope.spawn(move || {
+                    route_texts
+                        .iter()
+                        .map(|texts| {
+                            route::lexical_searches(store, ns, cfg, question_type, k, texts)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+            });
+            let vectors = self.embedder.embed(&distinct);
+            let lexical = match lexical {
+                Some(handle) => handle.join().map_err(|_| {
+                    Error::Store("the lexical searches stopped with a panic".into())
+                })?,
+                None => Ok(Vec::new()),
+            };
+            Ok::<_, Error>((vectors?, lexical?))
+        })?;
+        let mut lexical = lexical.into_iter();
         if vectors.len() != distinct.len() {
             return Err(Error::Model(format!(
                 "the embedder returned {} vectors for {} texts",
@@ -435,7 +459,8 @@ impl Retriever<'_> {
             // `distinct` holds every text of every route.
             let vectors: Vec<Vec<f32>> =
                 texts.iter().map(|t| embedded[t.as_str()].clone()).collect();
-            let mut candidates = route::recall_route(&ctx, r, texts, &vectors, &mut cache)?;
+            let mut candidates =
+                route::recall_route(&ctx, r, texts, &vectors, lexical.next(), &mut cache)?;
             candidates.settle(&ctx, &mut cache, depth, eager)?;
             routes.push(candidates);
         }

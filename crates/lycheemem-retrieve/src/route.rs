@@ -28,7 +28,7 @@ use lycheemem_core::{
 };
 use lycheemem_embed::Reranker;
 use lycheemem_store::rules::turn_search_text;
-use lycheemem_store::{ItemRef, RetrievalStore, Target, VectorQuery};
+use lycheemem_store::{Hit, ItemRef, RetrievalStore, Target, VectorQuery};
 use std::collections::{BTreeMap, HashMap};
 
 use crate::candidate::{ItemInfo, Scored, r_of};
@@ -585,11 +585,15 @@ pub struct RouteCandidates<'r> {
 }
 
 /// Runs a route's recall: the channels, node expansion, and the raw turns resolved.
+///
+/// `lexical` holds the lexical channel's searches for these variants ([`lexical_searches`],
+/// which needs no vectors and so runs while they are embedded); `None` runs them here.
 pub fn recall_route<'r>(
     ctx: &RouteContext<'_>,
     route: &'r Route,
     variant_texts: &[String],
     variant_vectors: &[Vec<f32>],
+    lexical: Option<LexicalHits>,
     cache: &mut ResolveCache,
 ) -> Result<RouteCandidates<'r>> {
     let started = std::time::Instant::now();
@@ -633,7 +637,18 @@ pub fn recall_route<'r>(
         recall_nearest(ctx, variant_vectors, what, field, &mut pool)?;
     }
     if cfg.channel_lexical {
-        recall_lexical(ctx, variant_texts, &budget, profile, &mut pool)?;
+        let hits = match lexical {
+            Some(hits) => hits,
+            None => lexical_searches(
+                ctx.store,
+                ctx.ns,
+                cfg,
+                ctx.question_type,
+                ctx.k,
+                variant_texts,
+            )?,
+        };
+        recall_lexical(ctx, hits, profile, &mut pool);
     }
     if !node_hits.is_empty() {
         // Record vectors node expansion read already; resolving reuses them.
@@ -1068,21 +1083,42 @@ fn recall_nearest(
 
 /// Lexical channel: BM25 over records and turns for each query variant, each variant's scores
 /// normalized by its best.
+/// The lexical channel's BM25 hits for one route: per variant, its record hits and its raw-turn
+/// hits.
+pub struct LexicalHits(Vec<[Vec<Hit>; 2]>);
+
+/// Runs the lexical channel's searches for one route's variants (each variant's top records
+/// and raw turns by BM25, as many as the record and raw-turn channels' budgets).
+pub fn lexical_searches(
+    store: &dyn RetrievalStore,
+    ns: &Namespace,
+    cfg: &RetrievalConfig,
+    question_type: QuestionType,
+    k: usize,
+    variant_texts: &[String],
+) -> Result<LexicalHits> {
+    let budget = RecallBudget::new(cfg, cfg.types.get(question_type), k);
+    variant_texts
+        .iter()
+        .map(|text| {
+            Ok([
+                store.text_search(ns, Target::Record, text, budget.rec_n, None)?,
+                store.text_search(ns, Target::Turn, text, budget.turn_n, None)?,
+            ])
+        })
+        .collect::<Result<_>>()
+        .map(LexicalHits)
+}
+
 fn recall_lexical(
     ctx: &RouteContext<'_>,
-    variant_texts: &[String],
-    budget: &RecallBudget,
+    hits: LexicalHits,
     profile: &TypeProfile,
     pool: &mut Pool,
-) -> Result<()> {
+) {
     let cfg = ctx.cfg;
-    let (rec_n, turn_n) = (budget.rec_n, budget.turn_n);
-    for (vi, text) in variant_texts.iter().enumerate() {
-        for (target, n, mult) in [
-            (Target::Record, rec_n, 1.0),
-            (Target::Turn, turn_n, profile.raw_mult),
-        ] {
-            let hits = ctx.store.text_search(ctx.ns, target, text, n, None)?;
+    for (vi, lists) in hits.0.into_iter().enumerate() {
+        for (hits, mult) in lists.into_iter().zip([1.0, profile.raw_mult]) {
             let max = hits
                 .iter()
                 .map(|h| h.score)
@@ -1100,7 +1136,6 @@ fn recall_lexical(
             }
         }
     }
-    Ok(())
 }
 
 /// A node member found for a variant: `(r, cosine, record id)`.
