@@ -1414,7 +1414,7 @@ fn add_windows(
         .iter()
         .filter(|c| !c.is_raw() && !c.info.turns.is_empty())
         .collect();
-    anchors.sort_by(|a, b| anchor_order(a, b));
+    anchors.sort_by(anchor_order);
     anchors.truncate(cfg.window_anchors);
     // Intervals per session, then merged.
     let mut spans: BTreeMap<String, Vec<(u32, u32, Vec<usize>)>> = BTreeMap::new();
