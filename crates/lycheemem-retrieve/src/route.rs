@@ -1081,8 +1081,6 @@ fn recall_nearest(
     Ok(())
 }
 
-/// Lexical channel: BM25 over records and turns for each query variant, each variant's scores
-/// normalized by its best.
 /// The lexical channel's BM25 hits for one route: per variant, its record hits and its raw-turn
 /// hits.
 pub struct LexicalHits(Vec<[Vec<Hit>; 2]>);
@@ -1110,6 +1108,8 @@ pub fn lexical_searches(
         .map(LexicalHits)
 }
 
+/// Lexical channel: BM25 over records and turns for each query variant, each variant's scores
+/// normalized by its best.
 fn recall_lexical(
     ctx: &RouteContext<'_>,
     hits: LexicalHits,
