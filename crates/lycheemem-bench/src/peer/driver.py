@@ -352,11 +352,14 @@ PEERS = {
 
 
 def post_harness(job, path, body):
-    """Posts `body` to the harness's own route `path` on the endpoint."""
+    """Posts `body` to the harness's own route `path` on the endpoint. No read timeout, like the
+    peers' model calls (`wait_for_the_endpoint`): the endpoint lives in the harness process,
+    which can be paused or starved of CPU by the model work beside it (a 30 s timeout here once
+    ended a finished mem0 build just before its searches); the harness bounds the build."""
     url = job["base_url"].rsplit("/v1", 1)[0] + path
     data = json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as reply:
+    with urllib.request.urlopen(request, timeout=None) as reply:
         reply.read()
 
 
