@@ -459,8 +459,13 @@ impl Retriever<'_> {
             // `distinct` holds every text of every route.
             let vectors: Vec<Vec<f32>> =
                 texts.iter().map(|t| embedded[t.as_str()].clone()).collect();
-            let mut candidates =
-                route::recall_route(&ctx, r, texts, &vectors, lexical.next(), &mut cache)?;
+            let mut candidates = route::recall_route(
+                &ctx,
+                r,
+                &vectors,
+                lexical.next().unwrap_or_default(),
+                &mut cache,
+            )?;
             candidates.settle(&ctx, &mut cache, depth, eager)?;
             routes.push(candidates);
         }

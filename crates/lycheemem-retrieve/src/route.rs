@@ -152,6 +152,12 @@ impl Pool {
         &mut self.found[i as usize]
     }
 
+    /// Notes a record's best cosine to the leading variants, computed from its own vector.
+    fn lead_cos(&mut self, target: CandidateTarget, cos: f32) {
+        let c = self.entry(target);
+        c.lead_cos = Some(c.lead_cos.map_or(cos, |known| known.max(cos)));
+    }
+
     /// Notes a hit: its field score, channel, variant and node, and (`cos`) the candidate's
     /// cosine to that variant when the hit was by similarity to it.
     fn hit(
@@ -195,14 +201,6 @@ impl Pool {
                 None => c.cos.push((v, cos)),
             }
         }
-    }
-}
-
-impl Pool {
-    /// Notes a record's best cosine to the leading variants, computed from its own vector.
-    fn lead_cos(&mut self, target: CandidateTarget, cos: f32) {
-        let c = self.entry(target);
-        c.lead_cos = Some(c.lead_cos.map_or(cos, |known| known.max(cos)));
     }
 }
 
@@ -405,23 +403,26 @@ impl Pending {
     /// Whether, once resolved, it could come before `anchor` in window-anchor order (by
     /// [`anchor_order`]; a record without turns never does, but that is not known yet).
     fn may_precede(&self, anchor: &Scored) -> bool {
-        match self.field_max {
-            Some(max) => {
-                max > anchor.field || (max == anchor.field && self.candidate.target < anchor.target)
-            }
-            None => self.field_ub >= anchor.field,
-        }
+        self.may_beat(self.field_max, self.field_ub, anchor.field, &anchor.target)
     }
 
     /// Whether, once resolved, it could come before `last` in route order
     /// ([`by_route_score`]).
     fn may_outrank(&self, last: &Scored) -> bool {
-        match self.score_max {
-            Some(max) => {
-                max > last.route_score
-                    || (max == last.route_score && self.candidate.target < last.target)
-            }
-            None => self.score_ub >= last.route_score,
+        self.may_beat(
+            self.score_max,
+            self.score_ub,
+            last.route_score,
+            &last.target,
+        )
+    }
+
+    /// Whether a score of at most `max` (exact: a tie goes by target) or, without it, below
+    /// `ub` could come before `value` of `target` (higher first, ties by target).
+    fn may_beat(&self, max: Option<f32>, ub: f32, value: f32, target: &CandidateTarget) -> bool {
+        match max {
+            Some(max) => max > value || (max == value && self.candidate.target < *target),
+            None => ub >= value,
         }
     }
 
@@ -587,13 +588,12 @@ pub struct RouteCandidates<'r> {
 /// Runs a route's recall: the channels, node expansion, and the raw turns resolved.
 ///
 /// `lexical` holds the lexical channel's searches for these variants ([`lexical_searches`],
-/// which needs no vectors and so runs while they are embedded); `None` runs them here.
+/// which needs no vectors and so runs while they are embedded; empty with the channel off).
 pub fn recall_route<'r>(
     ctx: &RouteContext<'_>,
     route: &'r Route,
-    variant_texts: &[String],
     variant_vectors: &[Vec<f32>],
-    lexical: Option<LexicalHits>,
+    lexical: LexicalHits,
     cache: &mut ResolveCache,
 ) -> Result<RouteCandidates<'r>> {
     let started = std::time::Instant::now();
@@ -636,20 +636,7 @@ pub fn recall_route<'r>(
         let what = (Target::Turn, budget.turn_n, Channel::RawTurn);
         recall_nearest(ctx, variant_vectors, what, field, &mut pool)?;
     }
-    if cfg.channel_lexical {
-        let hits = match lexical {
-            Some(hits) => hits,
-            None => lexical_searches(
-                ctx.store,
-                ctx.ns,
-                cfg,
-                ctx.question_type,
-                ctx.k,
-                variant_texts,
-            )?,
-        };
-        recall_lexical(ctx, hits, profile, &mut pool);
-    }
+    recall_lexical(ctx, lexical, profile, &mut pool);
     if !node_hits.is_empty() {
         // Record vectors node expansion read already; resolving reuses them.
         let known = expand_nodes(ctx, &node_hits, variant_vectors, &budget, &mut pool)?;
@@ -1083,6 +1070,7 @@ fn recall_nearest(
 
 /// The lexical channel's BM25 hits for one route: per variant, its record hits and its raw-turn
 /// hits.
+#[derive(Default)]
 pub struct LexicalHits(Vec<[Vec<Hit>; 2]>);
 
 /// Runs the lexical channel's searches for one route's variants (each variant's top records

@@ -68,12 +68,12 @@ impl StoreLookup for Store {
                 continue;
             };
             let records = member_count(row.value())?;
-            if records > list_up_to && records >= node_cache::CACHED_FROM {
-                // Resolved now: the node search that follows finds it in the cache.
-                let members = decode_members(row.value())?;
-                self.resolved_node(&txn, ns, id, generation, Some(members))?;
-                out.push(unlisted(records));
-            } else if records > list_up_to {
+            if records > list_up_to {
+                if records >= node_cache::CACHED_FROM {
+                    // Resolved now: the node search that follows finds it in the cache.
+                    let members = decode_members(row.value())?;
+                    self.resolved_node(&txn, ns, id, generation, Some(members))?;
+                }
                 out.push(unlisted(records));
             } else {
                 out.push(NodeMembers {
