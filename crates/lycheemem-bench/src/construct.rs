@@ -45,6 +45,11 @@ pub struct ConstructionReport {
     pub seconds: f64,
     pub encode_llm: String,
     pub embedder: String,
+    /// LLM calls of this run's build answered from the call log instead of the model (then
+    /// `seconds` is not the time the calls took; `llm_seconds` still is). Known for peer builds;
+    /// `None` for lycheemem's, whose builds share one log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_calls: Option<u64>,
 }
 
 impl ConstructionReport {

@@ -401,6 +401,10 @@ pub fn markdown(
             s.plan_fallbacks
         );
     }
+    let _ = writeln!(
+        out,
+        "\nretrieval p50 ms: the search alone, without LLM calls (a planning variant's planning call, made before, is in its query tokens and LLM calls per question; a peer's search is timed by its driver). Evidence recall counts the gold turns the k evidence items cover: an item covers one turn (A-Mem), an exchange (mem0, naive RAG chunks of that size) or a segment (lycheemem), so on short conversations k items may cover all of them (see evidence tokens)."
+    );
     category_table(&mut out, "Evidence recall@k by category (%)", sums, |s| {
         &s.recall
     });
@@ -419,11 +423,11 @@ pub fn markdown(
         let _ = writeln!(out, "\n## Construction per item\n");
         let _ = writeln!(
             out,
-            "| variant | item | turns | exchanges | segments | failed | records | LLM calls | prompt tokens | completion tokens | seconds |"
+            "| variant | item | turns | exchanges | segments | failed | records | LLM calls | prompt tokens | completion tokens | LLM seconds | seconds | replayed calls |"
         );
         let _ = writeln!(
             out,
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         let mut rows: Vec<&ConstructionLine> = builds.iter().collect();
         rows.sort_by_key(|b| (rank(&b.variant), b.report.item.clone()));
@@ -431,7 +435,7 @@ pub fn markdown(
             let r = &b.report;
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {} |",
                 b.variant,
                 r.item,
                 r.turns,
@@ -442,12 +446,15 @@ pub fn markdown(
                 r.encode_calls,
                 r.prompt_tokens,
                 r.completion_tokens,
-                r.seconds
+                r.llm_seconds,
+                r.seconds,
+                r.replayed_calls
+                    .map_or_else(|| "–".to_string(), |n| n.to_string())
             );
         }
         let _ = writeln!(
             out,
-            "\nseconds: wall time of the build, summed over the runs on the machine that finished it (a build continued on another machine from the folder's `encoder-calls.jsonl` counts only that machine's runs, and time in a session a kill cut short is not counted; memories built together share the LLM). Tokens and LLM calls are complete."
+            "\nseconds: wall time of the build, summed over the runs on the machine that finished it (a build continued on another machine from the folder's call logs, `encoder-calls.jsonl` or `peer-calls.jsonl`, counts only that machine's runs, and time in a session a kill cut short is not counted; memories built together share the LLM). replayed calls: the last run's calls answered from those logs instead of the model (the seconds of a build with replayed calls are not the time its calls took; – where not counted per item: lycheemem's builds share one log). LLM seconds: the latencies of the build's calls as made, replayed or not, which grow with the calls sharing the model at the time (`--llm-batch`). Tokens and LLM calls are complete."
         );
     }
     if !runs.is_empty() {

@@ -21,7 +21,8 @@ Then it searches every question (top k) and writes one JSON line per question to
 Each memory carries the session, date and turn indices it was made from, so the harness
 measures evidence recall exactly as for its own variants.
 
-Progress goes to stderr; the last stdout line is a JSON summary.
+Progress goes to stderr; the last stdout line is a JSON summary. The driver stops when its
+stdin, a pipe the harness holds open, closes (the harness is gone).
 """
 
 import json
@@ -124,16 +125,26 @@ def open_mem0(job):
 
 
 def mem0_add(memory, job, key, session, group, first_speaker):
+    """Adds one exchange; true when it failed. mem0 logs an extraction reply it cannot parse
+    (and a memory it cannot insert) and carries on with nothing stored; its extraction call
+    failing for good (after its client's retries) raises. Either way the unit is counted failed
+    and the build goes on, as A-Mem's failed calls are."""
     OBSERVED["date"] = iso_day(session.get("date"))
-    memory.add(
-        messages_for(group, first_speaker),
-        user_id=job["user_id"],
-        metadata={
-            "session": session["id"],
-            "session_date": session.get("date"),
-            "turns": [t["index"] for t in group],
-        },
-    )
+    errors = MEM0_ERRORS.count
+    try:
+        memory.add(
+            messages_for(group, first_speaker),
+            user_id=job["user_id"],
+            metadata={
+                "session": session["id"],
+                "session_date": session.get("date"),
+                "turns": [t["index"] for t in group],
+            },
+        )
+    except Exception as e:  # noqa: BLE001 - any failure of the peer's add fails the unit only
+        print(f"mem0 {job['user_id']}: unit {key} failed: {e!r}", file=sys.stderr, flush=True)
+        return True
+    return MEM0_ERRORS.count > errors
 
 
 def speakers(job):
@@ -194,7 +205,8 @@ def amem_time(date):
 
 
 class ErrorCount(logging.Handler):
-    """Counts the errors a peer logs and carries on from (A-Mem logs a failed evolution call)."""
+    """Counts the errors a peer logs and carries on from (A-Mem logs a failed evolution call,
+    mem0 an extraction reply it could not parse)."""
 
     def __init__(self):
         super().__init__(logging.ERROR)
@@ -205,6 +217,10 @@ class ErrorCount(logging.Handler):
 
 
 AMEM_ERRORS = ErrorCount()
+MEM0_ERRORS = ErrorCount()
+# mem0 logs an extraction reply it could not parse, and a memory it could not insert, on this
+# logger and carries on; count them.
+logging.getLogger("mem0.memory.main").addHandler(MEM0_ERRORS)
 # What A-Mem's `analyze_content` returns when its LLM call or the reply's parsing failed.
 AMEM_NO_ANALYSIS = {"keywords": [], "context": "General", "tags": []}
 
@@ -393,9 +409,37 @@ def wait_for_the_endpoint():
     openai.OpenAI.__init__ = init_without_timeout
 
 
+def exit_with_the_harness():
+    """Ends the driver when the harness that started it is gone. The harness holds the write
+    end of the driver's stdin, a pipe, for as long as it waits for the driver; any end of the
+    harness, a kill included, closes it, and this thread, reading that pipe, sees its end. (A
+    driver left running would go on with the endpoint gone: its peer keeps units whose calls
+    failed, with defaults, and reports them added.) Without a pipe on stdin (a driver run by
+    hand), there is nothing to watch."""
+    import stat
+    import threading
+
+    try:
+        if not stat.S_ISFIFO(os.fstat(0).st_mode):
+            return
+    except OSError:
+        return
+
+    def watch():
+        # The file descriptor, not `sys.stdin`: a thread blocked in a buffered reader holds its
+        # lock, which the interpreter's shutdown then cannot take (a fatal error at exit).
+        while os.read(0, 4096):
+            pass
+        print("the harness is gone: the driver stops", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main():
     with open(sys.argv[1], encoding="utf-8") as f:
         job = json.load(f)
+    exit_with_the_harness()
     wait_for_the_endpoint()
     if job["peer"] not in PEERS:
         sys.exit(f"unknown peer {job['peer']!r} (known: {', '.join(PEERS)})")

@@ -172,8 +172,9 @@ struct HitsLine {
 /// The driver's closing summary line.
 #[derive(Debug, Clone, Deserialize)]
 struct DriverSummary {
-    /// Units whose LLM work the peer gave up on and stored with defaults (A-Mem swallows a
-    /// failed analysis or evolution call and keeps the note without it).
+    /// Units whose LLM work the peer gave up on: A-Mem swallows a failed analysis or evolution
+    /// call and keeps the note with defaults; mem0 stores nothing from an extraction reply it
+    /// cannot parse (or a call that failed for good).
     #[serde(default)]
     failed_units: u64,
     /// Units fed: exchanges (mem0) or turns (A-Mem).
@@ -323,11 +324,14 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         .env("HF_HUB_OFFLINE", "1")
         // litellm (an A-Mem dependency) otherwise fetches a price list from the network
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        .stdin(Stdio::null())
+        // Held until the driver has ended: the driver stops when this pipe closes, so a killed
+        // harness leaves no driver behind (driver.py, `exit_with_the_harness`).
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", job.python.display()))?;
+    let harness_alive = child.stdin.take();
     // stdout carries one summary line; read it on a thread while stderr streams progress.
     let mut stdout = child.stdout.take().context("driver stdout")?;
     let reader = std::thread::spawn(move || {
@@ -337,8 +341,17 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
     });
     let mut tail: Vec<String> = Vec::new();
     if let Some(stderr) = child.stderr.take() {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
+        // Read to the end whatever the bytes (a native library may write other than UTF-8):
+        // a reader that stopped early would leave the driver blocked on a full pipe.
+        let mut stderr = BufReader::new(stderr);
+        let mut raw = Vec::new();
+        loop {
+            raw.clear();
+            match stderr.read_until(b'\n', &mut raw) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let line = String::from_utf8_lossy(&raw).trim_end().to_string();
             if line.starts_with(job.kind.name()) {
                 progress(line.clone());
             }
@@ -349,6 +362,7 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         }
     }
     let status = child.wait()?;
+    drop(harness_alive);
     let stdout = reader.join().unwrap_or_default();
     if !status.success() {
         bail!(
@@ -358,11 +372,11 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
             tail.join("\n")
         );
     }
+    // The last line that is a summary (a peer may print after it).
     let summary: DriverSummary = stdout
         .lines()
         .rev()
-        .find(|l| !l.trim().is_empty())
-        .and_then(|l| serde_json::from_str(l).ok())
+        .find_map(|l| serde_json::from_str(l.trim()).ok())
         .with_context(|| {
             format!(
                 "the {} driver printed no summary: {stdout:?}",
@@ -403,6 +417,7 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         seconds: total.seconds,
         encode_llm: job.llm.model_id().to_string(),
         embedder: job.embedder.model_id().to_string(),
+        replayed_calls: None,
     };
     Ok(PeerRun {
         report,
@@ -478,6 +493,92 @@ print(json.dumps({
             assert_eq!(PeerKind::from_name(kind.name()), Some(kind));
             assert!(kind.package().contains("=="), "{}", kind.package());
         }
+    }
+
+    /// A mem0 unit whose add raised (its call failed for good) or logged an error on mem0's
+    /// logger (an extraction reply it could not parse: nothing stored) is failed; the build
+    /// goes on.
+    #[test]
+    fn the_driver_counts_mem0_units_that_failed() {
+        let script = r#"
+import logging
+class Memory:
+    def __init__(self, what):
+        self.what = what
+    def add(self, messages, user_id, metadata):
+        if self.what == "raise":
+            raise RuntimeError("the model failed")
+        if self.what == "log":
+            logging.getLogger("mem0.memory.main").error("Error parsing extraction response: x")
+job = {"user_id": "u"}
+session = {"id": "session_1", "date": "2023-05-08"}
+group = [{"index": 0, "role": "user", "text": "hi"}]
+print(json.dumps([d.mem0_add(Memory(w), job, "k", session, group, None) for w in ["ok", "raise", "log", "ok"]]))
+"#;
+        let v = run_with_driver(script);
+        assert_eq!(v, serde_json::json!([false, true, true, false]));
+    }
+
+    /// The driver ends when the pipe on its stdin closes (the harness that holds it is gone),
+    /// and does not watch a stdin that is no pipe.
+    #[test]
+    fn the_driver_stops_when_the_harness_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = dir.path().join("driver.py");
+        std::fs::write(&driver, DRIVER).unwrap();
+        let script = |seconds: u32| {
+            format!(
+                "{DRIVER_LOADER}import time\nd.exit_with_the_harness()\nprint('watching', flush=True)\ntime.sleep({seconds})\n"
+            )
+        };
+        let spawn = |stdin: Stdio, seconds: u32| {
+            Command::new("python3")
+                .arg("-c")
+                .arg(script(seconds))
+                .arg(&driver)
+                .stdin(stdin)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("python3 runs")
+        };
+        // A driver that ends while watching ends normally (the watching thread, blocked in its
+        // read, does not stop the interpreter's shutdown).
+        let mut child = spawn(Stdio::piped(), 0);
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{status}");
+        let mut child = spawn(Stdio::piped(), 60);
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "watching");
+        drop(child.stdin.take());
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("the driver went on after its stdin closed");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert_eq!(status.code(), Some(3));
+        // Not a pipe: nothing to watch, the script runs on (killed here).
+        let mut child = spawn(Stdio::null(), 60);
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "watching");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the driver ended on a null stdin"
+        );
+        child.kill().unwrap();
+        let _ = child.wait();
     }
 
     /// The peers' OpenAI clients wait for the endpoint without a read timeout (a timed-out

@@ -592,6 +592,13 @@ pub(super) fn run_peer(
         None => crate::peer::default_python()
             .ok_or_else(|| anyhow::anyhow!("HOME is not set; pass the peer python"))?,
     };
+    // The encoder's model, with the peer's calls logged apart from the encoder's (in the
+    // results folder and the cache) and replayed when a build is redone.
+    let llm = Arc::new(crate::replay::ReplayLlm::with_shared_log(
+        ctx.backends.components.encode_llm.clone(),
+        &ctx.spec.out.join(PEER_CALLS),
+        &ctx.spec.cache.join(PEER_CALLS),
+    )?);
     let job = crate::peer::PeerJob {
         kind: peer,
         dataset_kind: ctx.dataset.kind,
@@ -600,16 +607,11 @@ pub(super) fn run_peer(
         top_k: ctx.spec.top_k.max(1),
         cache: &ctx.spec.cache,
         python: &python,
-        // The encoder's model, with the peer's calls logged apart from the encoder's (in the
-        // results folder and the cache) and replayed when a build is redone.
-        llm: Arc::new(crate::replay::ReplayLlm::with_shared_log(
-            ctx.backends.components.encode_llm.clone(),
-            &ctx.spec.out.join(PEER_CALLS),
-            &ctx.spec.cache.join(PEER_CALLS),
-        )?),
+        llm: llm.clone(),
         embedder: ctx.comps.embedder.clone(),
     };
-    let run = crate::peer::build_and_search(&job, say)?;
+    let mut run = crate::peer::build_and_search(&job, say)?;
+    run.report.replayed_calls = Some(llm.replayed());
     say(format!(
         "{} {}: {} memories from {} units, {} LLM calls, {} construction tokens",
         v.name,
