@@ -1144,6 +1144,15 @@ fn licomemory_variants_build_their_graphs_and_retrieve_the_evidence_chunks() {
     let mut calls: Vec<u64> = memories.iter().map(|m| m.1).collect();
     calls.sort_unstable();
     assert_eq!(calls, [5, 6], "{builds:#?}");
+    // `--top-k` bounds LiCoMemory's chunks as it bounds every variant's evidence items (the
+    // memories are reused from the cache).
+    let mut one = spec.clone();
+    one.top_k = 1;
+    one.out = dir.path().join("results-k1");
+    run::run(&data, &one, &Config::default(), &b, &mut |_| {}).unwrap();
+    let preds = run::predictions(&one.out).unwrap();
+    assert_eq!(preds.len(), 6);
+    assert!(preds.iter().all(|p| p.evidence.len() == 1), "{preds:#?}");
 }
 
 /// A `python` for the peer variants that runs the test's stand-in peer (`fixtures/fake_peer.py`)

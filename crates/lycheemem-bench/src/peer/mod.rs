@@ -544,7 +544,10 @@ print(json.dumps([d.mem0_add(Memory(w), job, "k", session, group, None) for w in
         // A driver that ends while watching ends normally (the watching thread, blocked in its
         // read, does not stop the interpreter's shutdown).
         let mut child = spawn(Stdio::piped(), 0);
+        // Held open (`wait` would close it first, as the harness's does not).
+        let stdin = child.stdin.take();
         let status = child.wait().unwrap();
+        drop(stdin);
         assert!(status.success(), "{status}");
         let mut child = spawn(Stdio::piped(), 60);
         let mut line = String::new();

@@ -776,11 +776,16 @@ pub(super) fn search_licomemory(
     memory: &Memory,
     ns: &Namespace,
 ) -> Result<(SearchResult, Prediction)> {
+    // k chunks, like every variant's k evidence items (the facade does the same with `top_k`).
+    let mut cfg = v.config.licomemory.clone();
+    if ctx.spec.top_k > 0 {
+        cfg.top_chunks = ctx.spec.top_k;
+    }
     let retriever = lycheemem_licomemory::LicoRetriever {
         store: memory.store(),
         embedder: ctx.comps.embedder.as_ref(),
         llm: Some(ctx.comps.plan_llm.as_ref()),
-        cfg: &v.config.licomemory,
+        cfg: &cfg,
     };
     let result = retriever.search(
         ns,
