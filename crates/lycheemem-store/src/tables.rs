@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use crate::types::Target;
 
 /// Counters: `seq` (last write sequence), `next_key` (next index key), `log_floor` (changes at
-/// or below it have been trimmed), `dims`.
+/// or below it have been trimmed), `dims`, `format` (the store format, `STORE_FORMAT`), and
+/// `id_keys_filled` / `node_members_filled` (tables of a later format filled on first open).
 pub(crate) const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
 /// Store identity (`store_id`), so an index folder from another store is never trusted.
 pub(crate) const INFO: TableDefinition<&str, &str> = TableDefinition::new("info");
