@@ -15,9 +15,11 @@ pub struct BenchRunArgs {
     /// LoCoMo (`locomo_dev8.json`) or LongMemEval (`.json` or `.json.zst`) file.
     #[arg(long)]
     dataset: PathBuf,
-    /// Comma-separated variants (see `lycheemem-bench run --help`): full, eager, fixed_window,
+    /// Comma-separated variants: full, spec_write, eager, fixed_window, semantic_calibrated,
     /// summary_records, no_cross_segment_context, record_vector_only, no_planner, no_fusion,
-    /// no_rerank, no_lexical, naive_rag, full_context.
+    /// no_rerank, no_lexical, spec_selection, naive_rag, full_context, licomemory,
+    /// licomemory_simple, licomemory_no_summary, licomemory_no_decay, mem0, amem (README,
+    /// "Benchmarks").
     #[arg(long, value_delimiter = ',', default_value = "full,naive_rag")]
     variants: Vec<String>,
     /// Results folder (checkpoints and reports; rerunning continues it).

@@ -933,7 +933,8 @@ pub struct RetrievalConfig {
     pub recall_floor: usize,
     /// Raw-turn recall `max(k, turn_recall_floor) * m_turn`.
     pub turn_recall_floor: usize,
-    /// Temporal recall `max(temporal_factor*k, temporal_floor)` nodes.
+    /// Temporal recall `max(temporal_factor*k, temporal_floor)` record links (docs/algorithm.md,
+    /// read-path departure 3).
     pub temporal_factor: usize,
     pub temporal_floor: usize,
     /// Rerank pool `max(rerank_floor, rerank_factor*k)`.
@@ -976,14 +977,15 @@ pub struct RetrievalConfig {
     /// read-path departure 9).
     pub raw_turn_context_before: u32,
     pub raw_turn_context_after: u32,
-    /// Route-local score `field*source_weight + r_weight*r + min(variant_cap, variant_step*#variants)`.
+    /// Route-local score `field + r_weight*r + min(variant_cap, variant_step*#variants)` (the
+    /// published `source_weight` is taken as 1: docs/algorithm.md, read-path departure 10).
     pub route_r_weight: f64,
     pub route_variant_step: f64,
     pub route_variant_cap: f64,
     /// Fusion across routes (off = `no_fusion`: sort by raw field score, cut to k).
     pub fusion: bool,
     pub rrf_kappa: f64,
-    /// RRF over each route's top `max(rrf_depth_factor*k, rrf_depth_factor*quota)`.
+    /// RRF over each route's top `max(rrf_depth_factor*k, 4*quota)` (`fusion::rrf_depth`).
     pub rrf_depth_factor: usize,
     pub fusion_best_weight: f64,
     pub fusion_rrf_weight: f64,
