@@ -71,8 +71,14 @@ pub fn encode_segment(
     ns: &Namespace,
     segment: &Segment,
 ) -> Result<EncodedSegment> {
+    let Some(span) = segment.last_turn.checked_sub(segment.first_turn) else {
+        return Err(Error::InvalidInput(format!(
+            "segment {} ends (turn {}) before it starts (turn {})",
+            segment.id, segment.last_turn, segment.first_turn
+        )));
+    };
     let turns = store.turn_range(ns, &segment.session, segment.first_turn, segment.last_turn)?;
-    let expected = (segment.last_turn - segment.first_turn + 1) as usize;
+    let expected = span as usize + 1;
     if turns.len() != expected {
         return Err(Error::InvalidInput(format!(
             "segment {} needs {expected} stored turns, found {}",

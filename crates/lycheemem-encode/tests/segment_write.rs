@@ -248,3 +248,36 @@ fn output_budget_grows_with_the_segment_and_truncated_replies_keep_complete_reco
     let budgets: Vec<u32> = llm.options().iter().map(|o| o.max_tokens).collect();
     assert_eq!(budgets, vec![256 + 6 * 192, 256 + 192]);
 }
+
+/// A segment that ends before it starts (a damaged import or state) is refused before any LLM
+/// call, with both ends named.
+#[test]
+fn a_segment_ending_before_it_starts_is_refused() {
+    let (_dir, store, embedder) = store_with_turns(16, None, &["one", "two", "three"]);
+    let ns = Namespace::new("alice").unwrap();
+    let s = SessionId::new("s1").unwrap();
+    let llm = Arc::new(ScriptedLlm::new(&[FIRST]));
+    let encoder = SegmentEncoder::new(llm.clone(), EncodeConfig::default());
+    let backwards = Segment {
+        first_turn: 2,
+        last_turn: 1,
+        exchanges: 1,
+        ..segment(&s, 1, 1)
+    };
+    let Err(err) = build_segment_write(
+        &encoder,
+        &embedder,
+        &OrganizeConfig::default(),
+        &store,
+        &ns,
+        &backwards,
+    ) else {
+        panic!("a backwards segment was encoded");
+    };
+    assert!(
+        matches!(err, lycheemem_core::Error::InvalidInput(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("before it starts"), "{err}");
+    assert_eq!(llm.calls(), 0);
+}

@@ -54,9 +54,9 @@ impl DecoderConfig {
         let n_embd = get("embedding_length")?.to_u32()? as usize;
         let head_dim = match get("rope.dimension_count") {
             Ok(v) => v.to_u32()? as usize,
-            Err(_) => n_embd / n_head,
+            Err(_) => n_embd.checked_div(n_head).unwrap_or(0),
         };
-        Ok(DecoderConfig {
+        let cfg = DecoderConfig {
             n_layer: get("block_count")?.to_u32()? as usize,
             n_head,
             n_kv_head: get("attention.head_count_kv")?.to_u32()? as usize,
@@ -69,9 +69,52 @@ impl DecoderConfig {
                 .unwrap_or(10_000.0),
             rope_neox,
             arch,
-        })
+        };
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// Refuses a header no model of these architectures has, before anything is sized by it
+    /// (layers, rotary tables, the attention's head groups): a damaged or hostile file gets an
+    /// error, never a division by zero, a failed assertion or an allocation beyond memory.
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: String| {
+            candle_core::Error::Msg(format!("GGUF metadata of {:?}: {what}", self.arch))
+        };
+        if self.n_head == 0 || self.n_kv_head == 0 || !self.n_head.is_multiple_of(self.n_kv_head) {
+            return Err(bad(format!(
+                "{} attention heads cannot share {} key/value heads",
+                self.n_head, self.n_kv_head
+            )));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
+            return Err(bad(format!(
+                "head dimension {} (even, 2 to {MAX_HEAD_DIM})",
+                self.head_dim
+            )));
+        }
+        if self.n_embd == 0 {
+            return Err(bad("embedding length 0".into()));
+        }
+        if self.n_layer == 0 || self.n_layer > MAX_LAYERS {
+            return Err(bad(format!("{} layers (1 to {MAX_LAYERS})", self.n_layer)));
+        }
+        if self.context_length == 0 || self.context_length > MAX_CONTEXT {
+            return Err(bad(format!(
+                "context length {} (1 to {MAX_CONTEXT})",
+                self.context_length
+            )));
+        }
+        Ok(())
     }
 }
+
+/// The most layers a GGUF header may name (the largest open models have about 130).
+const MAX_LAYERS: usize = 1_024;
+/// The longest context a GGUF header may name: the rotary tables are built for all of it.
+const MAX_CONTEXT: usize = 1 << 20;
+/// The largest head dimension a GGUF header may name.
+const MAX_HEAD_DIM: usize = 1_024;
 
 /// Inputs with at least this many rows (prompt chunks) run through a dense f32 copy of the
 /// weight made for the call, for weights that candle can only multiply with its generic
@@ -738,6 +781,41 @@ fn rope_tables(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header whose sizes no model has is refused with an error naming them.
+    #[test]
+    fn impossible_gguf_headers_are_refused() {
+        let good = DecoderConfig {
+            arch: "qwen2".into(),
+            n_layer: 28,
+            n_head: 12,
+            n_kv_head: 2,
+            n_embd: 1536,
+            head_dim: 128,
+            context_length: 32_768,
+            rms_eps: 1e-6,
+            rope_base: 10_000.0,
+            rope_neox: true,
+        };
+        good.check().unwrap();
+        type Damage = fn(&mut DecoderConfig);
+        let cases: [(&str, Damage); 8] = [
+            ("heads", |c| c.n_head = 0),
+            ("heads", |c| c.n_kv_head = 0),
+            ("heads", |c| c.n_kv_head = 5),
+            ("head dimension", |c| c.head_dim = 0),
+            ("head dimension", |c| c.head_dim = 127),
+            ("layers", |c| c.n_layer = 4_000_000_000),
+            ("context length", |c| c.context_length = 4_000_000_000),
+            ("embedding", |c| c.n_embd = 0),
+        ];
+        for (what, damage) in cases {
+            let mut cfg = good.clone();
+            damage(&mut cfg);
+            let err = cfg.check().unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+    }
 
     /// The fused CPU attention gives the generic path's values through a cache that grows:
     /// a prompt chunk, decode steps, then several positions at once.

@@ -290,8 +290,9 @@ impl Llm for RemoteLlm {
                 estimated = true;
                 estimate_tokens(&reply.text) as u64
             });
-            prompt_tokens += p;
-            completion_tokens += c;
+            // Counts a server reports are not trusted to be sane.
+            prompt_tokens = prompt_tokens.saturating_add(p);
+            completion_tokens = completion_tokens.saturating_add(c);
         };
         let mut reply = self.call(&convo, opts)?;
         account(&reply, &convo);

@@ -359,6 +359,11 @@ pub struct Retriever<'a> {
     pub cfg: &'a RetrievalConfig,
 }
 
+/// The most evidence items a search may ask for (`top_k`, or `retrieval.min_top_k`): recall
+/// budgets are multiples of k, so a k far beyond any answer prompt would only ask the indexes
+/// for allocations they cannot make.
+pub const MAX_TOP_K: usize = 1_000;
+
 impl Retriever<'_> {
     /// Plans, recalls, fuses and selects the evidence for a question.
     pub fn search(&self, ns: &Namespace, req: &SearchRequest<'_>) -> Result<SearchResult> {
@@ -368,6 +373,11 @@ impl Retriever<'_> {
         }
         let cfg = self.cfg;
         let k = req.top_k.max(cfg.min_top_k).max(1);
+        if k > MAX_TOP_K {
+            return Err(Error::InvalidInput(format!(
+                "top_k {k} is over the limit of {MAX_TOP_K} evidence items"
+            )));
+        }
         let mut timings = std::collections::BTreeMap::new();
         let clock = std::time::Instant::now();
         let outcome = match (req.plan, self.planner) {

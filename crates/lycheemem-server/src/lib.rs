@@ -66,6 +66,38 @@ impl Default for ServerConfig {
     }
 }
 
+/// The most encoding jobs that may queue, and searches that may run at once (each a permit of
+/// a bounded channel or a semaphore, which refuse counts near `usize::MAX`).
+pub const MAX_QUEUE: usize = 1 << 20;
+/// The most encoding worker threads (each holds a session's LLM work; the local LLM decodes at
+/// most `models.llm_batch` calls together anyway).
+pub const MAX_ENCODE_WORKERS: usize = 256;
+
+impl ServerConfig {
+    /// Refuses settings the server cannot start with, naming the flag's setting.
+    pub fn check(&self) -> Result<()> {
+        if !(1..=MAX_QUEUE).contains(&self.queue_capacity) {
+            bail!(
+                "the encoding queue holds 1 to {MAX_QUEUE} jobs, not {}",
+                self.queue_capacity
+            );
+        }
+        if !(1..=MAX_ENCODE_WORKERS).contains(&self.encode_workers) {
+            bail!(
+                "1 to {MAX_ENCODE_WORKERS} encoding workers, not {}",
+                self.encode_workers
+            );
+        }
+        if !(1..=MAX_QUEUE).contains(&self.limits.max_queries_in_flight) {
+            bail!(
+                "1 to {MAX_QUEUE} searches at once, not {}",
+                self.limits.max_queries_in_flight
+            );
+        }
+        Ok(())
+    }
+}
+
 fn presented_key(req: &Request) -> Option<&str> {
     let h = req.headers();
     if let Some(v) = h
@@ -273,6 +305,7 @@ pub async fn serve_listener(
     cfg: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    cfg.check()?;
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() && !cfg.allow_remote {
         bail!(
@@ -291,7 +324,7 @@ pub async fn serve_listener(
         rx,
         waiting.clone(),
         cfg.encode_workers,
-    );
+    )?;
     let requeued = requeue_unprocessed(&memory, &tx, &waiting, &metrics).await?;
     if requeued > 0 {
         tracing::info!("re-queued {requeued} session(s) with unprocessed turns");
@@ -402,4 +435,30 @@ pub fn run(memory: Arc<Memory>, keys: KeyStore, cfg: ServerConfig) -> Result<()>
         );
         serve_listener(listener, memory, keys, cfg, shutdown_signal()).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Settings the server cannot start with are refused with the setting named, before any
+    /// channel, semaphore or thread is sized by them.
+    #[test]
+    fn impossible_server_settings_are_refused() {
+        ServerConfig::default().check().unwrap();
+        type Damage = fn(&mut ServerConfig);
+        let cases: [(&str, Damage); 5] = [
+            ("queue", |c| c.queue_capacity = 0),
+            ("queue", |c| c.queue_capacity = usize::MAX),
+            ("workers", |c| c.encode_workers = 0),
+            ("workers", |c| c.encode_workers = 100_000),
+            ("searches", |c| c.limits.max_queries_in_flight = usize::MAX),
+        ];
+        for (what, damage) in cases {
+            let mut cfg = ServerConfig::default();
+            damage(&mut cfg);
+            let err = cfg.check().unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+    }
 }

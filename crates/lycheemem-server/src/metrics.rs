@@ -58,7 +58,8 @@ impl Metrics {
     /// receipts only report totals).
     pub fn record_tokens(&self, purpose: &str, kind: &'static str, n: u64) {
         let mut t = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-        *t.entry((purpose.to_string(), kind)).or_default() += n;
+        let total = t.entry((purpose.to_string(), kind)).or_default();
+        *total = total.saturating_add(n);
     }
 
     pub fn record_usage(&self, usage: &[lycheemem_core::TokenUsage]) {

@@ -100,7 +100,7 @@ pub fn spawn(
     rx: mpsc::Receiver<Job>,
     waiting: Arc<Waiting>,
     workers: usize,
-) -> Vec<std::thread::JoinHandle<()>> {
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     let rx = Arc::new(Mutex::new(rx));
     let running: Arc<Running> = Arc::default();
     (0..workers.max(1))
@@ -115,7 +115,6 @@ pub fn spawn(
             std::thread::Builder::new()
                 .name(format!("lycheemem-encode-{i}"))
                 .spawn(move || work(&memory, &metrics, &rx, &running, &waiting))
-                .expect("the worker thread starts")
         })
         .collect()
 }

@@ -215,6 +215,12 @@ fn validate(lines: &[Line]) -> Result<()> {
                         row.segment.id, row.segment.last_turn
                     ));
                 }
+                if row.segment.first_turn > row.segment.last_turn {
+                    return bad(format!(
+                        "segment {} starts at turn {} after it ends (turn {})",
+                        row.segment.id, row.segment.first_turn, row.segment.last_turn
+                    ));
+                }
             }
             Line::Node { node, .. } => {
                 if let Some(r) = node

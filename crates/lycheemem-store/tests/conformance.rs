@@ -435,7 +435,8 @@ fn export_import_round_trip_with_and_without_vectors() {
     assert_eq!(store.stats(&ns("broken")).unwrap().turns, 0);
     // The whole file is checked before anything is written: a file cut at a line end, an end
     // line whose counts disagree, a record of a session the file lacks, a record citing a turn
-    // the file lacks, a node linking a missing record: each refused, nothing imported.
+    // the file lacks, a segment ending before it starts, a node linking a missing record: each
+    // refused, nothing imported.
     let text = String::from_utf8(without.clone()).unwrap();
     let lines: Vec<String> = text.lines().map(String::from).collect();
     let find = |kind: &str| {
@@ -475,6 +476,16 @@ fn export_import_round_trip_with_and_without_vectors() {
                 let mut v: serde_json::Value = serde_json::from_str(&l[record_line]).unwrap();
                 v["record"]["evidence_turns"] = serde_json::json!([999]);
                 l[record_line] = v.to_string();
+            }),
+        ),
+        (
+            "after it ends",
+            edit(&|l| {
+                let i = find("segment");
+                let mut v: serde_json::Value = serde_json::from_str(&l[i]).unwrap();
+                let last = v["segment"]["last_turn"].as_u64().unwrap();
+                v["segment"]["first_turn"] = serde_json::json!(last + 1);
+                l[i] = v.to_string();
             }),
         ),
         (

@@ -140,8 +140,18 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidInput(message.into())
 }
 
-/// A file's bytes, decompressed when its name ends in `.zst` (zstd windows up to 2^31).
+/// The most bytes a compressed input file may expand to (the largest benchmark file,
+/// LongMemEval-M, is about 2.7 GB as JSON): a small file that claims more is refused instead of
+/// filling memory.
+pub const MAX_DECOMPRESSED_BYTES: u64 = 4 << 30;
+
+/// A file's bytes, decompressed when its name ends in `.zst` (zstd windows up to 2^31, at most
+/// [`MAX_DECOMPRESSED_BYTES`]).
 pub fn decompress(path: &Path, raw: Vec<u8>) -> Result<Vec<u8>> {
+    decompress_at_most(path, raw, MAX_DECOMPRESSED_BYTES)
+}
+
+fn decompress_at_most(path: &Path, raw: Vec<u8>, limit: u64) -> Result<Vec<u8>> {
     if path.extension().is_none_or(|e| e != "zst") {
         return Ok(raw);
     }
@@ -151,8 +161,17 @@ pub fn decompress(path: &Path, raw: Vec<u8>) -> Result<Vec<u8>> {
         .window_log_max(31)
         .map_err(|e| invalid(format!("{}: zstd window: {e}", path.display())))?;
     let mut out = Vec::new();
-    std::io::Read::read_to_end(&mut decoder, &mut out)
-        .map_err(|e| invalid(format!("decompressing {}: {e}", path.display())))?;
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(decoder, limit.saturating_add(1)),
+        &mut out,
+    )
+    .map_err(|e| invalid(format!("decompressing {}: {e}", path.display())))?;
+    if out.len() as u64 > limit {
+        return Err(invalid(format!(
+            "{} expands to more than {limit} bytes",
+            path.display()
+        )));
+    }
     Ok(out)
 }
 
@@ -613,6 +632,18 @@ mod tests {
         let err = read(&bad, Format::Auto, None, None).unwrap_err();
         assert!(err.to_string().contains("UTF-8"), "{err}");
         assert!(matches!(err, Error::InvalidInput(_)));
+        // A small file that expands beyond the limit is refused (here a 1 MB limit and 4 MB of
+        // zeros in a few hundred bytes); at the limit it is read.
+        let zeros = zstd::encode_all(&vec![0u8; 4 << 20][..], 19).unwrap();
+        assert!(zeros.len() < 4096);
+        let bomb = dir.path().join("bomb.json.zst");
+        let err = decompress_at_most(&bomb, zeros.clone(), 1 << 20).unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+        assert!(err.to_string().contains("expands to more than"), "{err}");
+        assert_eq!(
+            decompress_at_most(&bomb, zeros, 4 << 20).unwrap().len(),
+            4 << 20
+        );
     }
 
     fn hostile() -> impl proptest::strategy::Strategy<Value = Value> {

@@ -399,6 +399,23 @@ fn deletes_rederive_and_bad_input() {
             .search(&nobody, "anything?", &QueryOptions::default())
             .is_err()
     );
+    // A k no answer prompt could hold is refused before any index is asked for it.
+    for top_k in [lycheemem_retrieve::MAX_TOP_K + 1, usize::MAX] {
+        let err = memory
+            .search(
+                &ns,
+                "What is my dog's name?",
+                &QueryOptions {
+                    top_k,
+                    ..QueryOptions::default()
+                },
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, lycheemem_core::Error::InvalidInput(_)),
+            "{err}"
+        );
+    }
     assert!(
         memory
             .flush(&ns, &SessionId::new("missing").unwrap())

@@ -248,6 +248,14 @@ fn chunks_become_a_deduplicated_graph_with_provenance_and_an_updated_summary() {
         ..QueryOptions::default()
     };
     let result = memory.search(&ns, "What dog do I have?", &opts).unwrap();
+    let too_many = QueryOptions {
+        top_k: usize::MAX,
+        ..opts.clone()
+    };
+    assert!(matches!(
+        memory.search(&ns, "What dog do I have?", &too_many),
+        Err(lycheemem_core::Error::InvalidInput(_))
+    ));
     let chunks: Vec<(String, Vec<u32>)> = result
         .evidence
         .iter()

@@ -307,9 +307,12 @@ impl StoreCatalog for Store {
         let prefix = keys::ns(ns);
         let mut out = Vec::new();
         for k in scan_keys(&pending, &prefix)?.into_iter().take(limit) {
-            let rest = keys::suffix(&k, &prefix);
-            let target = Target::ALL[usize::from(rest[0]).min(Target::ALL.len() - 1)];
-            let id = String::from_utf8_lossy(&rest[1..]).into_owned();
+            // A key with nothing after its namespace is damaged: skipped, not read past.
+            let Some((&tag, id)) = keys::suffix(&k, &prefix).split_first() else {
+                continue;
+            };
+            let target = Target::ALL[usize::from(tag).min(Target::ALL.len() - 1)];
+            let id = String::from_utf8_lossy(id).into_owned();
             let item = ItemRef::from_id(target, &id)?;
             let text = match &item {
                 ItemRef::Record(id) => self
