@@ -46,7 +46,7 @@ pub use memory::{
 pub use migrate::{MigrateOptions, MigrateReport, migrate_namespace};
 
 pub use lycheemem_core as core;
-pub use lycheemem_retrieve::{EvidenceItem, SearchResult};
+pub use lycheemem_retrieve::{EvidenceItem, MAX_TOP_K, SearchResult};
 pub use lycheemem_store::{DeleteReceipt, ImportReceipt, NamespaceStats};
 
 /// The storage traits [`Memory::store`] answers through, and the types they return: what a
