@@ -631,6 +631,12 @@ fn mcp_over_stdio_answers_tools_and_parse_errors() {
     let parse_error = next();
     assert_eq!(parse_error["error"]["code"], -32700, "{parse_error}");
     assert!(parse_error["id"].is_null(), "{parse_error}");
+    // A line longer than the transport holds (16 MiB) is answered the same way, and the
+    // session goes on.
+    send(&"x".repeat((16 << 20) + 1));
+    let too_long = next();
+    assert_eq!(too_long["error"]["code"], -32700, "{too_long}");
+    assert!(too_long.to_string().contains("limited to"), "{too_long}");
     send(r#"{"hello": "world"}"#);
     let invalid = next();
     assert_eq!(invalid["error"]["code"], -32600, "{invalid}");
@@ -654,6 +660,14 @@ fn mcp_over_stdio_answers_tools_and_parse_errors() {
     let found = next();
     assert_eq!(found["id"], 4, "{found}");
     assert!(found.to_string().contains("cello"), "{found}");
+    // The HTTP API's limits hold over stdio too.
+    send(
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"memory_search","arguments":{"question":"What instrument do I play?","top_k":101}}}"#,
+    );
+    let refused = next();
+    assert_eq!(refused["id"], 5, "{refused}");
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert!(refused.to_string().contains("top_k"), "{refused}");
     drop(send);
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

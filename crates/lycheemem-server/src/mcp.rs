@@ -42,7 +42,8 @@ pub struct AddArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct QuestionArgs {
     pub question: String,
-    /// Evidence items to return (at least 15).
+    /// Evidence items to return (at least 15, at most the server's `top_k` limit, 100 by
+    /// default).
     #[serde(default)]
     pub top_k: Option<usize>,
     /// The question's date, e.g. 2024-06-01.
@@ -51,13 +52,24 @@ pub struct QuestionArgs {
 }
 
 impl QuestionArgs {
-    fn options(&self) -> QueryOptions {
-        QueryOptions {
-            top_k: self.top_k.unwrap_or(0).min(100),
+    /// The search's options, or why the arguments are refused (the HTTP API's limits).
+    fn options(&self, limits: &crate::api::Limits) -> Result<QueryOptions, String> {
+        let top_k = self.top_k.unwrap_or(0);
+        if top_k > limits.max_top_k {
+            return Err(format!("top_k is limited to {}", limits.max_top_k));
+        }
+        if self.question.chars().count() > limits.max_question_chars {
+            return Err(format!(
+                "the question is limited to {} characters",
+                limits.max_question_chars
+            ));
+        }
+        Ok(QueryOptions {
+            top_k,
             context: String::new(),
             reference_date: self.date.clone(),
             ..QueryOptions::default()
-        }
+        })
     }
 }
 
@@ -90,6 +102,16 @@ pub struct MemoryTools {
     /// The namespace when not taken from the HTTP request (stdio).
     fixed: Option<Namespace>,
     ingest: Ingest,
+}
+
+impl MemoryTools {
+    /// The request limits: the server's over HTTP, the HTTP API's defaults over stdio.
+    fn limits(&self) -> crate::api::Limits {
+        match &self.ingest {
+            Ingest::Queued(state) => state.limits.clone(),
+            Ingest::Direct => crate::api::Limits::default(),
+        }
+    }
 }
 
 fn fail(message: impl Into<String>) -> CallToolResult {
@@ -152,6 +174,10 @@ impl MemoryTools {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let ns = self.namespace(&ctx)?;
+        let limit = self.limits().max_turns_per_request;
+        if a.turns.len() > limit {
+            return Ok(fail(format!("a call is limited to {limit} turns")));
+        }
         let sid = match SessionId::new(a.session) {
             Ok(s) => s,
             Err(e) => return Ok(fail(e.to_string())),
@@ -230,7 +256,10 @@ impl MemoryTools {
         Parameters(a): Parameters<QuestionArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let opts = a.options();
+        let opts = match a.options(&self.limits()) {
+            Ok(opts) => opts,
+            Err(e) => return Ok(fail(e)),
+        };
         self.with_question(
             &ctx,
             opts,
@@ -265,7 +294,10 @@ impl MemoryTools {
         Parameters(a): Parameters<QuestionArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let opts = a.options();
+        let opts = match a.options(&self.limits()) {
+            Ok(opts) => opts,
+            Err(e) => return Ok(fail(e)),
+        };
         self.with_question(
             &ctx,
             opts,
@@ -370,6 +402,10 @@ pub fn run_stdio(memory: Arc<Memory>, namespace: Namespace) -> anyhow::Result<()
 /// unchanged (the SDK answers well-formed JSON of the wrong shape with -32600 itself). The
 /// reply is valid JSON, so a peer that echoes it cannot start an error loop. Returns the
 /// service's side of the relay and the task that ends when the service's output closes.
+/// The longest line the stdio transport reads (a message; the HTTP API's default body limit is
+/// 4 MiB).
+const MAX_STDIO_LINE: usize = 16 << 20;
+
 fn parse_error_relay() -> (
     (tokio::io::DuplexStream, tokio::io::DuplexStream),
     tokio::task::JoinHandle<std::io::Result<()>>,
@@ -380,13 +416,41 @@ fn parse_error_relay() -> (
     let (service_out, output) = tokio::io::duplex(BUFFER);
     let (errors_tx, mut errors) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
         let mut stdin = BufReader::new(tokio::io::stdin());
         let mut line = Vec::new();
-        loop {
+        'lines: loop {
             line.clear();
-            match stdin.read_until(b'\n', &mut line).await {
+            match (&mut stdin)
+                .take(MAX_STDIO_LINE as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .await
+            {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
+            }
+            if line.len() > MAX_STDIO_LINE {
+                // Too long to hold: the rest of the line is read and dropped, and the line is
+                // answered like any other that is not a message.
+                let mut rest = Vec::new();
+                while rest.last() != Some(&b'\n') {
+                    rest.clear();
+                    match (&mut stdin)
+                        .take(1 << 16)
+                        .read_until(b'\n', &mut rest)
+                        .await
+                    {
+                        Ok(0) | Err(_) => break 'lines,
+                        Ok(_) => {}
+                    }
+                }
+                let reply = serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": null,
+                    "error": {"code": -32700, "message": format!("Parse error: a line is limited to {MAX_STDIO_LINE} bytes")}
+                });
+                let _ = errors_tx.send(reply.to_string().into_bytes());
+                continue;
             }
             let text = line.trim_ascii();
             if text.is_empty() {

@@ -684,6 +684,21 @@ async fn mcp_tools_over_streamable_http_with_keys() {
     .await
     .unwrap();
     assert_eq!(r.is_error, Some(true), "bad arguments are a tool error");
+    // The HTTP API's limits hold over MCP: turns per call, question length, top_k.
+    let many: Vec<Value> = (0..513).map(|_| json!({"text": "x"})).collect();
+    let r = call("memory_add", json!({"session": "m2", "turns": many}))
+        .await
+        .unwrap();
+    let refused = r.is_error == Some(true);
+    assert!(refused, "{}", text(r));
+    for args in [
+        json!({"question": "q".repeat(8_001)}),
+        json!({"question": "Where does Ana live?", "top_k": 101}),
+    ] {
+        let r = call("memory_search", args).await.unwrap();
+        let refused = r.is_error == Some(true);
+        assert!(refused, "{}", text(r));
+    }
     // Adds are encoded in the background: wait until the turns are processed, then search.
     let mut stats = String::new();
     for _ in 0..50 {
