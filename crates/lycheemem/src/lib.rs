@@ -39,9 +39,9 @@ pub use lycheemem_embed::Embedder;
 /// Where the models run, with `auto` decided (the GPU, or the CPU).
 pub use lycheemem_embed::resolve_device;
 pub use memory::{
-    Answer, AppendReceipt, Construction, INGEST_STATE, IngestReceipt, MAX_TURN_CHARS, Memory,
-    NewTurn, QueryOptions, RederiveReport, SegmentSummary, is_postgres_location,
-    mark_sessions_processed,
+    Answer, AppendReceipt, Construction, INGEST_STATE, IngestReceipt, MAX_LABEL_CHARS,
+    MAX_TURN_CHARS, Memory, NewTurn, QueryOptions, RederiveReport, SegmentSummary,
+    is_postgres_location, mark_sessions_processed,
 };
 pub use migrate::{MigrateOptions, MigrateReport, migrate_namespace};
 

@@ -39,6 +39,10 @@ pub const INGEST_STATE: &str = "ingest";
 /// Longest accepted turn text, in characters.
 pub const MAX_TURN_CHARS: usize = 200_000;
 
+/// Longest accepted speaker name, turn time or session date, in characters (they are labels,
+/// repeated in every prompt that shows their turns).
+pub const MAX_LABEL_CHARS: usize = 1_000;
+
 /// One incoming turn (its index is assigned by the memory).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewTurn {
@@ -464,6 +468,25 @@ impl Memory {
                     t.text.chars().count()
                 )));
             }
+            for (what, label) in [("speaker", &t.speaker), ("time", &t.time)] {
+                if let Some(label) = label
+                    && label.chars().count() > MAX_LABEL_CHARS
+                {
+                    return Err(Error::InvalidInput(format!(
+                        "turn {i} of the batch has a {what} of {} characters; the limit is \
+                         {MAX_LABEL_CHARS}",
+                        label.chars().count()
+                    )));
+                }
+            }
+        }
+        if let Some(d) = date
+            && d.chars().count() > MAX_LABEL_CHARS
+        {
+            return Err(Error::InvalidInput(format!(
+                "the session date has {} characters; the limit is {MAX_LABEL_CHARS}",
+                d.chars().count()
+            )));
         }
         if let Some(d) = date
             && lycheemem_core::date::parse_date(d).is_none()

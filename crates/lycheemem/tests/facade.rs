@@ -393,6 +393,27 @@ fn deletes_rederive_and_bad_input() {
             .add_turns(&ns, &s, Some("the day after"), vec![NewTurn::user("hi")])
             .is_err()
     );
+    // Speaker names, turn times and session dates are labels: long ones are refused.
+    let long = "y".repeat(lycheemem::MAX_LABEL_CHARS + 1);
+    let named = NewTurn {
+        speaker: Some(long.clone()),
+        ..NewTurn::user("hi")
+    };
+    let timed = NewTurn {
+        time: Some(long.clone()),
+        ..NewTurn::user("hi")
+    };
+    for turn in [named, timed] {
+        let err = memory.add_turns(&ns, &s, None, vec![turn]).unwrap_err();
+        assert!(
+            matches!(err, lycheemem_core::Error::InvalidInput(_)),
+            "{err}"
+        );
+    }
+    let err = memory
+        .add_turns(&ns, &s, Some(&long), vec![NewTurn::user("hi")])
+        .unwrap_err();
+    assert!(err.to_string().contains("characters"), "{err}");
     let nobody = Namespace::new("nobody").unwrap();
     assert!(
         memory
