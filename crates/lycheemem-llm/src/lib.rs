@@ -30,7 +30,7 @@ pub use gguf_tokenizer::{SpecialTokens, tokenizer_from_gguf};
 pub use local::{DEFAULT_MAX_BATCH, LocalLlm, LocalOptions};
 pub use lycheemem_core::{ComputeDevice, ForcedTokens, LlmWeights};
 pub use metering::{MemorySink, Metered, UsageSink};
-pub use remote::{RemoteLlm, RemoteOptions, StructuredOutput};
+pub use remote::{MAX_REPLY_BYTES, RemoteLlm, RemoteOptions, StructuredOutput};
 pub use schema_check::validate as validate_against_schema;
 pub use spec::{LlmSpec, open_llm};
 

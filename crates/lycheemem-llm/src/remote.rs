@@ -56,6 +56,10 @@ impl RemoteOptions {
     }
 }
 
+/// The largest reply body read from a server (a chat completion is a few kilobytes; this
+/// bounds what a misbehaving server can make the process hold).
+pub const MAX_REPLY_BYTES: u64 = 64 << 20;
+
 /// The remote backend.
 pub struct RemoteLlm {
     client: reqwest::blocking::Client,
@@ -122,6 +126,7 @@ impl RemoteLlm {
     }
 
     /// One request with retries on 429 / 5xx / transport errors.
+    /// (A reply body is read up to [`MAX_REPLY_BYTES`].)
     fn post(
         &self,
         body: &Value,
@@ -144,7 +149,24 @@ impl RemoteLlm {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<u64>().ok())
                         .map(Duration::from_secs);
-                    let text = resp.text().unwrap_or_default();
+                    let mut raw = Vec::new();
+                    // The body is read up to the limit: a server that sends more is refused
+                    // rather than held in memory.
+                    let read = std::io::Read::read_to_end(
+                        &mut std::io::Read::take(resp, MAX_REPLY_BYTES + 1),
+                        &mut raw,
+                    );
+                    if raw.len() as u64 > MAX_REPLY_BYTES {
+                        return Err(Error::LlmOutput(format!(
+                            "{} returned a body over {MAX_REPLY_BYTES} bytes",
+                            self.url
+                        )));
+                    }
+                    let text = if read.is_ok() {
+                        String::from_utf8_lossy(&raw).into_owned()
+                    } else {
+                        String::new()
+                    };
                     if status == 200 {
                         let value: Value = serde_json::from_str(&text).map_err(|e| {
                             Error::LlmOutput(format!(

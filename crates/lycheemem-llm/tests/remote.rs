@@ -167,6 +167,21 @@ fn persistent_500s_fail_after_the_retry_budget() {
     assert_eq!(seen.lock().unwrap().len(), 3);
 }
 
+/// A body over the limit is an error, not held in memory (a few bytes past it suffice).
+#[test]
+fn an_oversized_reply_is_refused() {
+    let huge = "x".repeat(lycheemem_llm::MAX_REPLY_BYTES as usize + 16);
+    let (url, _seen) = server(vec![reply(200, huge)]);
+    let err = client(&url)
+        .complete(&hello(), &GenerateOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("over {} bytes", lycheemem_llm::MAX_REPLY_BYTES)),
+        "{err}"
+    );
+}
+
 #[test]
 fn client_errors_are_not_retried() {
     let (url, seen) = server(vec![reply(401, r#"{"error": "bad key"}"#)]);
