@@ -1,7 +1,7 @@
 //! `lycheemem-bench run` and `lycheemem-bench report`: the LoCoMo / LongMemEval harness of
 //! `lycheemem-bench` with models from the usual configuration flags.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use lycheemem_bench::run::{self, Backends, RunSpec};
 use lycheemem_bench::{RunMeta, VARIANTS, Variant, dataset, report, variant};
@@ -118,6 +118,14 @@ fn default_cache() -> PathBuf {
 }
 
 pub fn run(models_dir: &Path, args: BenchRunArgs) -> Result<()> {
+    // Checked before anything is built: a k retrieval refuses would fail at the first question.
+    if !(1..=lycheemem_retrieve::MAX_TOP_K).contains(&args.top_k) {
+        bail!(
+            "--top-k must be 1 to {}, not {}",
+            lycheemem_retrieve::MAX_TOP_K,
+            args.top_k
+        );
+    }
     let base = args.models.config()?;
     for v in &args.variants {
         Variant::new(v, &base).with_context(|| format!("variants: {}", VARIANTS.join(", ")))?;

@@ -454,7 +454,7 @@ pub fn markdown(
         }
         let _ = writeln!(
             out,
-            "\nseconds: wall time of the build, summed over the runs on the machine that finished it (a build continued on another machine from the folder's call logs, `encoder-calls.jsonl` or `peer-calls.jsonl`, counts only that machine's runs, and time in a session a kill cut short is not counted; memories built together share the LLM). replayed calls: the last run's calls answered from those logs instead of the model (the seconds of a build with replayed calls are not the time its calls took; – where not counted per item: lycheemem's builds share one log). LLM seconds: the latencies of the build's calls as made, replayed or not, which grow with the calls sharing the model at the time (`--llm-batch`). Tokens and LLM calls are complete."
+            "\nseconds: wall time of the build, summed over the runs on the machine that finished it (a build continued on another machine from the folder's call logs, `encoder-calls.jsonl` or `peer-calls.jsonl`, counts only that machine's runs, and time in a session a kill cut short is not counted; memories built together share the LLM). replayed calls: the last run's calls answered from those logs instead of the model (mem0 and A-Mem make no LLM calls when searching, so these are construction calls; the seconds of a build with replayed calls are not the time its calls took; – where not counted per item: lycheemem's builds share one log). LLM seconds: the latencies of the build's calls as made, replayed or not, which grow with the calls sharing the model at the time (`--llm-batch`). Tokens and LLM calls are complete."
         );
     }
     if !runs.is_empty() {

@@ -119,6 +119,22 @@ pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
             args.bind
         );
     }
+    let cfg = ServerConfig {
+        bind: args.bind,
+        allow_remote: args.allow_remote,
+        max_body_bytes: args.max_body_bytes,
+        request_timeout: Duration::from_secs(args.timeout_secs),
+        queue_capacity: args.queue,
+        encode_workers: args.encode_workers,
+        drain_timeout: Duration::from_secs(args.drain_secs),
+        sweep_interval: Duration::from_secs(args.sweep_secs),
+        limits: Limits {
+            max_queries_in_flight: args.max_queries,
+            ..Limits::default()
+        },
+    };
+    // Before the models load: a setting the server cannot start with fails at once.
+    cfg.check()?;
     let memory = Arc::new(args.memory.open(models_dir)?);
     let keys = open_keys(
         args.keys.as_deref(),
@@ -131,24 +147,7 @@ pub fn serve(models_dir: &Path, args: ServeArgs) -> Result<()> {
             keys.location()
         );
     }
-    lycheemem_server::run(
-        memory,
-        keys,
-        ServerConfig {
-            bind: args.bind,
-            allow_remote: args.allow_remote,
-            max_body_bytes: args.max_body_bytes,
-            request_timeout: Duration::from_secs(args.timeout_secs),
-            queue_capacity: args.queue,
-            encode_workers: args.encode_workers,
-            drain_timeout: Duration::from_secs(args.drain_secs),
-            sweep_interval: Duration::from_secs(args.sweep_secs),
-            limits: Limits {
-                max_queries_in_flight: args.max_queries,
-                ..Limits::default()
-            },
-        },
-    )
+    lycheemem_server::run(memory, keys, cfg)
 }
 
 pub fn mcp(models_dir: &Path, args: McpArgs) -> Result<()> {

@@ -637,6 +637,12 @@ fn mcp_over_stdio_answers_tools_and_parse_errors() {
     let too_long = next();
     assert_eq!(too_long["error"]["code"], -32700, "{too_long}");
     assert!(too_long.to_string().contains("limited to"), "{too_long}");
+    // A line of exactly the limit is read whole (here: not JSON), and the next line, answered
+    // below, is not lost.
+    send(&"x".repeat(16 << 20));
+    let at_limit = next();
+    assert_eq!(at_limit["error"]["code"], -32700, "{at_limit}");
+    assert!(!at_limit.to_string().contains("limited to"), "{at_limit}");
     send(r#"{"hello": "world"}"#);
     let invalid = next();
     assert_eq!(invalid["error"]["code"], -32600, "{invalid}");

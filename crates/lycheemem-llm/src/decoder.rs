@@ -62,7 +62,9 @@ impl DecoderConfig {
             n_kv_head: get("attention.head_count_kv")?.to_u32()? as usize,
             n_embd,
             head_dim,
-            context_length: get("context_length")?.to_u32()? as usize,
+            // A longer context than the rotary tables are built for is used up to that length
+            // (the calls here are far shorter; a call past it is refused by the context guard).
+            context_length: (get("context_length")?.to_u32()? as usize).min(MAX_CONTEXT),
             rms_eps: get("attention.layer_norm_rms_epsilon")?.to_f32()? as f64,
             rope_base: get("rope.freq_base")
                 .and_then(|v| v.to_f32())
@@ -76,7 +78,8 @@ impl DecoderConfig {
 
     /// Refuses a header no model of these architectures has, before anything is sized by it
     /// (layers, rotary tables, the attention's head groups): a damaged or hostile file gets an
-    /// error, never a division by zero, a failed assertion or an allocation beyond memory.
+    /// error, never a division by zero or a failed assertion (`from_gguf` caps the context at
+    /// [`MAX_CONTEXT`] before this check).
     pub fn check(&self) -> Result<()> {
         let bad = |what: String| {
             candle_core::Error::Msg(format!("GGUF metadata of {:?}: {what}", self.arch))
@@ -111,7 +114,8 @@ impl DecoderConfig {
 
 /// The most layers a GGUF header may name (the largest open models have about 130).
 const MAX_LAYERS: usize = 1_024;
-/// The longest context a GGUF header may name: the rotary tables are built for all of it.
+/// The longest context used: the rotary tables are built for all of it (a header naming more,
+/// e.g. a 2M- or 4M-token finetune, is used up to this many positions).
 const MAX_CONTEXT: usize = 1 << 20;
 /// The largest head dimension a GGUF header may name.
 const MAX_HEAD_DIM: usize = 1_024;

@@ -375,7 +375,9 @@ impl Retriever<'_> {
         let k = req.top_k.max(cfg.min_top_k).max(1);
         if k > MAX_TOP_K {
             return Err(Error::InvalidInput(format!(
-                "top_k {k} is over the limit of {MAX_TOP_K} evidence items"
+                "{k} evidence items asked for (top_k {}, retrieval.min_top_k {}): the limit is \
+                 {MAX_TOP_K}",
+                req.top_k, cfg.min_top_k
             )));
         }
         let mut timings = std::collections::BTreeMap::new();

@@ -78,19 +78,19 @@ impl ServerConfig {
     pub fn check(&self) -> Result<()> {
         if !(1..=MAX_QUEUE).contains(&self.queue_capacity) {
             bail!(
-                "the encoding queue holds 1 to {MAX_QUEUE} jobs, not {}",
+                "the encoding queue (--queue) holds 1 to {MAX_QUEUE} jobs, not {}",
                 self.queue_capacity
             );
         }
         if !(1..=MAX_ENCODE_WORKERS).contains(&self.encode_workers) {
             bail!(
-                "1 to {MAX_ENCODE_WORKERS} encoding workers, not {}",
+                "--encode-workers must be 1 to {MAX_ENCODE_WORKERS} encoding workers, not {}",
                 self.encode_workers
             );
         }
         if !(1..=MAX_QUEUE).contains(&self.limits.max_queries_in_flight) {
             bail!(
-                "1 to {MAX_QUEUE} searches at once, not {}",
+                "--max-queries must be 1 to {MAX_QUEUE} searches at once, not {}",
                 self.limits.max_queries_in_flight
             );
         }
@@ -316,7 +316,7 @@ pub async fn serve_listener(
         tracing::warn!("no API keys configured: every /v1 and /mcp request will be refused");
     }
     let metrics = Arc::new(Metrics::default());
-    let (tx, rx) = mpsc::channel(cfg.queue_capacity.max(1));
+    let (tx, rx) = mpsc::channel(cfg.queue_capacity);
     let waiting = Arc::new(worker::Waiting::default());
     let workers = worker::spawn(
         memory.clone(),
@@ -345,7 +345,7 @@ pub async fn serve_listener(
         waiting,
         limits: cfg.limits.clone(),
         queries: Arc::new(tokio::sync::Semaphore::new(
-            cfg.limits.max_queries_in_flight.max(1),
+            cfg.limits.max_queries_in_flight,
         )),
         shutting_down: down_rx,
     };
@@ -416,6 +416,7 @@ pub async fn shutdown_signal() {
 
 /// Binds `cfg.bind` and serves until Ctrl-C / SIGTERM (blocking; builds its own runtime).
 pub fn run(memory: Arc<Memory>, keys: KeyStore, cfg: ServerConfig) -> Result<()> {
+    cfg.check()?;
     if !cfg.bind.ip().is_loopback() && !cfg.allow_remote {
         bail!(
             "refusing to listen on {}: not a loopback address (pass --allow-remote to expose the server)",

@@ -396,16 +396,16 @@ pub fn run_stdio(memory: Arc<Memory>, namespace: Namespace) -> anyhow::Result<()
     })
 }
 
+/// The longest line the stdio transport reads, its newline apart (a message; the HTTP API's
+/// default body limit is 4 MiB).
+const MAX_STDIO_LINE: usize = 16 << 20;
+
 /// Puts a relay between stdin/stdout and the MCP service: a line that is not JSON is answered
 /// with the JSON-RPC parse error (-32700, id null) as the JSON-RPC 2.0 specification asks,
 /// instead of being dropped silently (the SDK's choice); every other line passes through
 /// unchanged (the SDK answers well-formed JSON of the wrong shape with -32600 itself). The
 /// reply is valid JSON, so a peer that echoes it cannot start an error loop. Returns the
 /// service's side of the relay and the task that ends when the service's output closes.
-/// The longest line the stdio transport reads (a message; the HTTP API's default body limit is
-/// 4 MiB).
-const MAX_STDIO_LINE: usize = 16 << 20;
-
 fn parse_error_relay() -> (
     (tokio::io::DuplexStream, tokio::io::DuplexStream),
     tokio::task::JoinHandle<std::io::Result<()>>,
@@ -429,11 +429,17 @@ fn parse_error_relay() -> (
                 Ok(0) | Err(_) => break,
                 Ok(_) => {}
             }
-            if line.len() > MAX_STDIO_LINE {
-                // Too long to hold: the rest of the line is read and dropped, and the line is
-                // answered like any other that is not a message.
+            if line.len() > MAX_STDIO_LINE && line.last() != Some(&b'\n') {
+                // Too long to hold: answered like any other line that is not a message, and
+                // the rest of it read and dropped.
+                let reply = serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": null,
+                    "error": {"code": -32700, "message": format!("Parse error: a line is limited to {MAX_STDIO_LINE} bytes")}
+                });
+                let _ = errors_tx.send(reply.to_string().into_bytes());
                 let mut rest = Vec::new();
-                while rest.last() != Some(&b'\n') {
+                loop {
                     rest.clear();
                     match (&mut stdin)
                         .take(1 << 16)
@@ -441,15 +447,10 @@ fn parse_error_relay() -> (
                         .await
                     {
                         Ok(0) | Err(_) => break 'lines,
+                        Ok(_) if rest.last() == Some(&b'\n') => break,
                         Ok(_) => {}
                     }
                 }
-                let reply = serde_json::json!({
-                    "jsonrpc": "2.0",
-                    "id": null,
-                    "error": {"code": -32700, "message": format!("Parse error: a line is limited to {MAX_STDIO_LINE} bytes")}
-                });
-                let _ = errors_tx.send(reply.to_string().into_bytes());
                 continue;
             }
             let text = line.trim_ascii();

@@ -121,14 +121,20 @@ def open_mem0(job):
         },
         "history_db_path": os.path.join(job["store_dir"], "history.db"),
     }
+    global MEM0_UNIT_FAILURES
+    import openai
+    from mem0.exceptions import LLMError
+
+    MEM0_UNIT_FAILURES = (LLMError, openai.APIError)
     return Memory.from_config(config)
 
 
 def mem0_add(memory, job, key, session, group, first_speaker):
     """Adds one exchange; true when it failed. mem0 logs an extraction reply it cannot parse
     (and a memory it cannot insert) and carries on with nothing stored; its extraction call
-    failing for good (after its client's retries) raises. Either way the unit is counted failed
-    and the build goes on, as A-Mem's failed calls are."""
+    failing for good (after its client's retries) raises its `LLMError` (or the client's
+    `APIError`). Either way the unit is counted failed and the build goes on, as A-Mem's failed
+    calls are. Any other exception (a programming error, a changed API) ends the build."""
     OBSERVED["date"] = iso_day(session.get("date"))
     errors = MEM0_ERRORS.count
     try:
@@ -141,7 +147,7 @@ def mem0_add(memory, job, key, session, group, first_speaker):
                 "turns": [t["index"] for t in group],
             },
         )
-    except Exception as e:  # noqa: BLE001 - any failure of the peer's add fails the unit only
+    except MEM0_UNIT_FAILURES as e:
         print(f"mem0 {job['user_id']}: unit {key} failed: {e!r}", file=sys.stderr, flush=True)
         return True
     return MEM0_ERRORS.count > errors
@@ -218,6 +224,9 @@ class ErrorCount(logging.Handler):
 
 AMEM_ERRORS = ErrorCount()
 MEM0_ERRORS = ErrorCount()
+# The exceptions of a mem0 add that fail its unit only (set when mem0 is opened: its LLM call
+# failed for good); any other ends the build.
+MEM0_UNIT_FAILURES = ()
 # mem0 logs an extraction reply it could not parse, and a memory it could not insert, on this
 # logger and carries on; count them.
 logging.getLogger("mem0.memory.main").addHandler(MEM0_ERRORS)
@@ -414,11 +423,13 @@ def exit_with_the_harness():
     end of the driver's stdin, a pipe, for as long as it waits for the driver; any end of the
     harness, a kill included, closes it, and this thread, reading that pipe, sees its end. (A
     driver left running would go on with the endpoint gone: its peer keeps units whose calls
-    failed, with defaults, and reports them added.) Without a pipe on stdin (a driver run by
-    hand), there is nothing to watch."""
+    failed, with defaults, and reports them added.) Only when the harness asks for it
+    (`LYCHEEMEM_DRIVER_WATCH=1`) and stdin is a pipe: a driver run by hand watches nothing."""
     import stat
     import threading
 
+    if os.environ.get("LYCHEEMEM_DRIVER_WATCH") != "1":
+        return
     try:
         if not stat.S_ISFIFO(os.fstat(0).st_mode):
             return

@@ -324,6 +324,8 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         .env("HF_HUB_OFFLINE", "1")
         // litellm (an A-Mem dependency) otherwise fetches a price list from the network
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        // The driver ends when the pipe below closes (driver.py, `exit_with_the_harness`).
+        .env("LYCHEEMEM_DRIVER_WATCH", "1")
         // Held until the driver has ended: the driver stops when this pipe closes, so a killed
         // harness leaves no driver behind (driver.py, `exit_with_the_harness`).
         .stdin(Stdio::piped())
@@ -502,21 +504,33 @@ print(json.dumps({
     fn the_driver_counts_mem0_units_that_failed() {
         let script = r#"
 import logging
+class ModelFailed(Exception):
+    pass
+d.MEM0_UNIT_FAILURES = (ModelFailed,)
 class Memory:
     def __init__(self, what):
         self.what = what
     def add(self, messages, user_id, metadata):
         if self.what == "raise":
-            raise RuntimeError("the model failed")
+            raise ModelFailed("the model failed")
+        if self.what == "bug":
+            raise TypeError("add() got an unexpected keyword argument")
         if self.what == "log":
             logging.getLogger("mem0.memory.main").error("Error parsing extraction response: x")
 job = {"user_id": "u"}
 session = {"id": "session_1", "date": "2023-05-08"}
 group = [{"index": 0, "role": "user", "text": "hi"}]
-print(json.dumps([d.mem0_add(Memory(w), job, "k", session, group, None) for w in ["ok", "raise", "log", "ok"]]))
+out = [d.mem0_add(Memory(w), job, "k", session, group, None) for w in ["ok", "raise", "log", "ok"]]
+try:
+    d.mem0_add(Memory("bug"), job, "k", session, group, None)
+    out.append("went on")
+except TypeError:
+    out.append("ended")
+print(json.dumps(out))
 "#;
         let v = run_with_driver(script);
-        assert_eq!(v, serde_json::json!([false, true, true, false]));
+        // A programming error (any other exception) ends the build instead of failing units.
+        assert_eq!(v, serde_json::json!([false, true, true, false, "ended"]));
     }
 
     /// The driver ends when the pipe on its stdin closes (the harness that holds it is gone),
@@ -536,6 +550,7 @@ print(json.dumps([d.mem0_add(Memory(w), job, "k", session, group, None) for w in
                 .arg("-c")
                 .arg(script(seconds))
                 .arg(&driver)
+                .env("LYCHEEMEM_DRIVER_WATCH", "1")
                 .stdin(stdin)
                 .stdout(Stdio::piped())
                 .spawn()
@@ -568,20 +583,35 @@ print(json.dumps([d.mem0_add(Memory(w), job, "k", session, group, None) for w in
             std::thread::sleep(std::time::Duration::from_millis(50));
         };
         assert_eq!(status.code(), Some(3));
-        // Not a pipe: nothing to watch, the script runs on (killed here).
-        let mut child = spawn(Stdio::null(), 60);
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "watching");
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the driver ended on a null stdin"
-        );
-        child.kill().unwrap();
-        let _ = child.wait();
+        // Not a pipe, or not asked to watch (a driver run by hand): nothing is watched, the
+        // script runs on (killed here).
+        let unwatched = [
+            spawn(Stdio::null(), 60),
+            Command::new("python3")
+                .arg("-c")
+                .arg(script(60))
+                .arg(&driver)
+                .env_remove("LYCHEEMEM_DRIVER_WATCH")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("python3 runs"),
+        ];
+        for mut child in unwatched {
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line.trim(), "watching");
+            drop(child.stdin.take());
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "an unwatched driver ended"
+            );
+            child.kill().unwrap();
+            let _ = child.wait();
+        }
     }
 
     /// The peers' OpenAI clients wait for the endpoint without a read timeout (a timed-out
