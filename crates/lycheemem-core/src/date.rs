@@ -11,11 +11,13 @@
 
 use chrono::{NaiveDate, NaiveDateTime, NaiveTime};
 use regex::Regex;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::sync::LazyLock;
 
-/// A calendar date at day or month precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// A calendar date at day or month precision. Made by the parsers here, which accept months
+/// 1–12 of years 1–9999 only (what `first_day` and `last_day` rely on); not deserialized, so
+/// no data can hold another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum CalendarDate {
     Day(NaiveDate),
     Month { year: i32, month: u32 },
