@@ -1289,6 +1289,65 @@ fn a_failed_peer_build_stops_the_run_but_the_finished_one_is_reported() {
     assert_eq!(run::predictions(&spec.out).unwrap().len(), 4);
 }
 
+/// A judge that fails once `started` exists (a peer build of a later wave has begun).
+struct JudgeFailingOnce {
+    started: std::path::PathBuf,
+}
+
+impl Llm for JudgeFailingOnce {
+    fn complete(&self, _: &[ChatMessage], _: &GenerateOptions) -> LlmResult<Completion> {
+        let begun = std::time::Instant::now();
+        while !self.started.exists() && begun.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Err(lycheemem_core::Error::Model(
+            "the judge failed as the test asked".into(),
+        ))
+    }
+    fn model_id(&self) -> &str {
+        "failing-judge"
+    }
+    fn context_length(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// A run that stops (here: judging wave 1 failed) ends the peer builds still in progress
+/// instead of waiting for them (they resume from their checkpoints).
+#[test]
+fn a_stopped_run_ends_the_peer_builds_in_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = five_conversations(dir.path(), "session_2");
+    let (_, _llm, mut b, spec) = peer_run(dir.path(), &["mem0"], 2);
+    let spec = RunSpec {
+        dataset: path,
+        ..spec
+    };
+    // Two jobs: waves of 4 items; the build of conv-4 (wave 2) hangs, and the judge of wave 1
+    // fails once it has started.
+    let peers = spec.cache.join("peers");
+    std::fs::create_dir_all(&peers).unwrap();
+    std::fs::write(peers.join("hang-mem0-conv-4"), "").unwrap();
+    b.judge = Some(Arc::new(JudgeFailingOnce {
+        started: peers.join("started-mem0-conv-4"),
+    }));
+    let err = run::run(&data, &spec, &Config::default(), &b, &mut |_| {}).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("the judge failed as the test asked"),
+        "{err:#}"
+    );
+    assert!(
+        peers.join("started-mem0-conv-4").exists(),
+        "conv-4's build had started"
+    );
+    // The stand-in would leave this file had it run its 60 s out.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        !peers.join("survived-mem0").exists(),
+        "the hung build was waited for, not ended"
+    );
+}
+
 #[test]
 fn a_peer_variant_is_fed_through_the_endpoint_metered_cached_and_judged() {
     let dir = tempfile::tempdir().unwrap();

@@ -31,6 +31,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The driver the peer venv runs (written into the cache before each run).
 pub const DRIVER: &str = include_str!("driver.py");
@@ -205,6 +206,8 @@ pub struct PeerJob<'a> {
     pub python: &'a Path,
     pub llm: Arc<dyn Llm>,
     pub embedder: Arc<dyn Embedder>,
+    /// Raised when the run stops: the driver is ended (the build resumes from its checkpoint).
+    pub stop: Option<&'a AtomicBool>,
 }
 
 /// Hash of what shapes a peer's build: the protocol, the pinned package, the models.
@@ -341,31 +344,54 @@ pub fn build_and_search(job: &PeerJob, progress: &mut dyn FnMut(String)) -> Resu
         let _ = stdout.read_to_string(&mut s);
         s
     });
-    let mut tail: Vec<String> = Vec::new();
-    if let Some(stderr) = child.stderr.take() {
-        // Read to the end whatever the bytes (a native library may write other than UTF-8):
-        // a reader that stopped early would leave the driver blocked on a full pipe.
-        let mut stderr = BufReader::new(stderr);
-        let mut raw = Vec::new();
-        loop {
-            raw.clear();
-            match stderr.read_until(b'\n', &mut raw) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
+    // The driver's stdin is held until it ends, or dropped when the run stops: the driver then
+    // ends by itself (it watches that pipe), whatever it was doing.
+    let ended = AtomicBool::new(false);
+    let stopped = || job.stop.is_some_and(|s| s.load(Ordering::SeqCst));
+    let (status, tail) = std::thread::scope(|scope| {
+        let ended = &ended;
+        scope.spawn(move || {
+            let held = harness_alive;
+            while !ended.load(Ordering::SeqCst) && !stopped() {
+                std::thread::sleep(std::time::Duration::from_millis(200));
             }
-            let line = String::from_utf8_lossy(&raw).trim_end().to_string();
-            if line.starts_with(job.kind.name()) {
-                progress(line.clone());
-            }
-            tail.push(line);
-            if tail.len() > 40 {
-                tail.remove(0);
+            drop(held);
+        });
+        let mut tail: Vec<String> = Vec::new();
+        if let Some(stderr) = child.stderr.take() {
+            // Read to the end whatever the bytes (a native library may write other than
+            // UTF-8): a reader that stopped early would leave the driver blocked on a full pipe.
+            let mut stderr = BufReader::new(stderr);
+            let mut raw = Vec::new();
+            loop {
+                raw.clear();
+                match stderr.read_until(b'\n', &mut raw) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let line = String::from_utf8_lossy(&raw).trim_end().to_string();
+                if line.starts_with(job.kind.name()) {
+                    progress(line.clone());
+                }
+                tail.push(line);
+                if tail.len() > 40 {
+                    tail.remove(0);
+                }
             }
         }
-    }
-    let status = child.wait()?;
-    drop(harness_alive);
+        let status = child.wait();
+        ended.store(true, Ordering::SeqCst);
+        (status, tail)
+    });
+    let status = status?;
     let stdout = reader.join().unwrap_or_default();
+    if stopped() {
+        bail!(
+            "the run stopped: the {} build of {} ends here (it resumes from its checkpoint)",
+            job.kind.name(),
+            job.item.id
+        );
+    }
     if !status.success() {
         bail!(
             "the {} driver failed ({status}) on {}; its last output:\n{}",

@@ -328,7 +328,15 @@ pub(super) fn spawn_builder<'scope, 'env>(
                         questions,
                     } => BuiltWhat::Peer(
                         *variant,
-                        Box::new(run_peer(ctx, task.item, *variant, *peer, questions, say)?),
+                        Box::new(run_peer(
+                            ctx,
+                            task.item,
+                            *variant,
+                            *peer,
+                            questions,
+                            Some(stop),
+                            say,
+                        )?),
                     ),
                 };
                 Ok(Built {
@@ -530,7 +538,9 @@ pub(super) fn open_wave(
     let outcome = for_each_parallel(
         ctx.spec.jobs,
         &peer_tasks,
-        |(i, vi, peer, pending), say| Ok((*i, *vi, run_peer(ctx, *i, *vi, *peer, pending, say)?)),
+        |(i, vi, peer, pending), say| {
+            Ok((*i, *vi, run_peer(ctx, *i, *vi, *peer, pending, None, say)?))
+        },
         progress,
         |run, _| {
             runs.push(run);
@@ -584,6 +594,7 @@ pub(super) fn run_peer(
     vi: usize,
     peer: crate::peer::PeerKind,
     pending: &[usize],
+    stop: Option<&AtomicBool>,
     say: &mut dyn FnMut(String),
 ) -> Result<crate::peer::PeerRun> {
     let (item, v) = (&ctx.dataset.items[i], &ctx.variants[vi]);
@@ -609,6 +620,7 @@ pub(super) fn run_peer(
         python: &python,
         llm: llm.clone(),
         embedder: ctx.comps.embedder.clone(),
+        stop,
     };
     let mut run = crate::peer::build_and_search(&job, say)?;
     run.report.replayed_calls = Some(llm.replayed());
