@@ -162,6 +162,13 @@ impl LicoRetriever<'_> {
         req: &LicoRequest<'_>,
     ) -> Result<SearchResult> {
         let cfg = self.cfg;
+        if cfg.top_chunks > lycheemem_retrieve::MAX_TOP_K {
+            return Err(Error::InvalidInput(format!(
+                "{} chunks asked for: the limit is {}",
+                cfg.top_chunks,
+                lycheemem_retrieve::MAX_TOP_K
+            )));
+        }
         // A question without a date is asked today (the decay and relative dates need one).
         let today = chrono::Utc::now()
             .date_naive()

@@ -292,16 +292,9 @@ pub async fn add_turns(
 ) -> ApiResult<(StatusCode, Json<AddTurnsResponse>)> {
     let Json(body) = body?;
     let sid = session_id(&session)?;
-    if body.turns.is_empty() {
-        return Err(ApiError::invalid("turns is empty"));
-    }
-    if body.turns.len() > s.limits.max_turns_per_request {
-        return Err(ApiError::invalid(format!(
-            "{} turns in one request; the limit is {}",
-            body.turns.len(),
-            s.limits.max_turns_per_request
-        )));
-    }
+    s.limits
+        .check_turns(body.turns.len())
+        .map_err(ApiError::invalid)?;
     let turns = body
         .turns
         .into_iter()
@@ -408,23 +401,45 @@ pub struct AnswerResponse {
     pub tokens: u64,
 }
 
+impl Limits {
+    /// Why a question (with its `top_k`) is refused, if it is: the checks of the HTTP routes
+    /// and the MCP tools.
+    pub fn check_question(&self, question: &str, top_k: usize) -> Result<(), String> {
+        if question.trim().is_empty() {
+            return Err("question is empty".into());
+        }
+        if question.chars().count() > self.max_question_chars {
+            return Err(format!(
+                "the question is limited to {} characters",
+                self.max_question_chars
+            ));
+        }
+        if top_k > self.max_top_k {
+            return Err(format!("top_k is limited to {}", self.max_top_k));
+        }
+        Ok(())
+    }
+
+    /// Why a batch of `turns` turns is refused, if it is.
+    pub fn check_turns(&self, turns: usize) -> Result<(), String> {
+        if turns == 0 {
+            return Err("turns is empty".into());
+        }
+        if turns > self.max_turns_per_request {
+            return Err(format!(
+                "a request is limited to {} turns ({turns} given)",
+                self.max_turns_per_request
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn query_options(s: &AppState, q: &QueryRequest) -> ApiResult<QueryOptions> {
-    if q.question.trim().is_empty() {
-        return Err(ApiError::invalid("question is empty"));
-    }
-    if q.question.chars().count() > s.limits.max_question_chars {
-        return Err(ApiError::invalid(format!(
-            "question is longer than {} characters",
-            s.limits.max_question_chars
-        )));
-    }
     let top_k = q.top_k.unwrap_or(0);
-    if top_k > s.limits.max_top_k {
-        return Err(ApiError::invalid(format!(
-            "top_k is limited to {}",
-            s.limits.max_top_k
-        )));
-    }
+    s.limits
+        .check_question(&q.question, top_k)
+        .map_err(ApiError::invalid)?;
     Ok(QueryOptions {
         top_k,
         context: q.context.clone().unwrap_or_default(),

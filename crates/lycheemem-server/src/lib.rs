@@ -416,7 +416,6 @@ pub async fn shutdown_signal() {
 
 /// Binds `cfg.bind` and serves until Ctrl-C / SIGTERM (blocking; builds its own runtime).
 pub fn run(memory: Arc<Memory>, keys: KeyStore, cfg: ServerConfig) -> Result<()> {
-    cfg.check()?;
     if !cfg.bind.ip().is_loopback() && !cfg.allow_remote {
         bail!(
             "refusing to listen on {}: not a loopback address (pass --allow-remote to expose the server)",

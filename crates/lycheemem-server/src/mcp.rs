@@ -55,15 +55,7 @@ impl QuestionArgs {
     /// The search's options, or why the arguments are refused (the HTTP API's limits).
     fn options(&self, limits: &crate::api::Limits) -> Result<QueryOptions, String> {
         let top_k = self.top_k.unwrap_or(0);
-        if top_k > limits.max_top_k {
-            return Err(format!("top_k is limited to {}", limits.max_top_k));
-        }
-        if self.question.chars().count() > limits.max_question_chars {
-            return Err(format!(
-                "the question is limited to {} characters",
-                limits.max_question_chars
-            ));
-        }
+        limits.check_question(&self.question, top_k)?;
         Ok(QueryOptions {
             top_k,
             context: String::new(),
@@ -174,9 +166,8 @@ impl MemoryTools {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let ns = self.namespace(&ctx)?;
-        let limit = self.limits().max_turns_per_request;
-        if a.turns.len() > limit {
-            return Ok(fail(format!("a call is limited to {limit} turns")));
+        if let Err(e) = self.limits().check_turns(a.turns.len()) {
+            return Ok(fail(e));
         }
         let sid = match SessionId::new(a.session) {
             Ok(s) => s,

@@ -923,13 +923,6 @@ impl Memory {
         if self.config.strategy == MemoryStrategy::Licomemory {
             // `top_k` asks for that many chunks; LiCoMemory has no use for `context`.
             let mut cfg = self.config.licomemory.clone();
-            if opts.top_k > lycheemem_retrieve::MAX_TOP_K {
-                return Err(Error::InvalidInput(format!(
-                    "top_k {} is over the limit of {} evidence items",
-                    opts.top_k,
-                    lycheemem_retrieve::MAX_TOP_K
-                )));
-            }
             if opts.top_k > 0 {
                 cfg.top_chunks = opts.top_k;
             }

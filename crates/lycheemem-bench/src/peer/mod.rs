@@ -571,31 +571,38 @@ print(json.dumps(out))
                 "{DRIVER_LOADER}import time\nd.exit_with_the_harness()\nprint('watching', flush=True)\ntime.sleep({seconds})\n"
             )
         };
-        let spawn = |stdin: Stdio, seconds: u32| {
-            Command::new("python3")
-                .arg("-c")
-                .arg(script(seconds))
-                .arg(&driver)
-                .env("LYCHEEMEM_DRIVER_WATCH", "1")
+        let spawn = |stdin: Stdio, seconds: u32, watch: bool| {
+            let mut command = Command::new("python3");
+            command.arg("-c").arg(script(seconds)).arg(&driver);
+            if watch {
+                command.env("LYCHEEMEM_DRIVER_WATCH", "1");
+            } else {
+                command.env_remove("LYCHEEMEM_DRIVER_WATCH");
+            }
+            command
                 .stdin(stdin)
                 .stdout(Stdio::piped())
                 .spawn()
                 .expect("python3 runs")
         };
+        // The script's first line, once its watch is set up.
+        let watching = |child: &mut std::process::Child| {
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line.trim(), "watching");
+        };
         // A driver that ends while watching ends normally (the watching thread, blocked in its
         // read, does not stop the interpreter's shutdown).
-        let mut child = spawn(Stdio::piped(), 0);
+        let mut child = spawn(Stdio::piped(), 0, true);
         // Held open (`wait` would close it first, as the harness's does not).
         let stdin = child.stdin.take();
         let status = child.wait().unwrap();
         drop(stdin);
         assert!(status.success(), "{status}");
-        let mut child = spawn(Stdio::piped(), 60);
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "watching");
+        let mut child = spawn(Stdio::piped(), 60, true);
+        watching(&mut child);
         drop(child.stdin.take());
         let started = std::time::Instant::now();
         let status = loop {
@@ -611,24 +618,11 @@ print(json.dumps(out))
         assert_eq!(status.code(), Some(3));
         // Not a pipe, or not asked to watch (a driver run by hand): nothing is watched, the
         // script runs on (killed here).
-        let unwatched = [
-            spawn(Stdio::null(), 60),
-            Command::new("python3")
-                .arg("-c")
-                .arg(script(60))
-                .arg(&driver)
-                .env_remove("LYCHEEMEM_DRIVER_WATCH")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("python3 runs"),
-        ];
-        for mut child in unwatched {
-            let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            assert_eq!(line.trim(), "watching");
+        for mut child in [
+            spawn(Stdio::null(), 60, true),
+            spawn(Stdio::piped(), 60, false),
+        ] {
+            watching(&mut child);
             drop(child.stdin.take());
             std::thread::sleep(std::time::Duration::from_millis(500));
             assert!(
