@@ -5,7 +5,8 @@
 //! One worker thread owns the model. Callers tokenize and prepare their request on their own
 //! thread, hand it to the worker, and block until it answers. The worker keeps up to
 //! `max_batch` generations active, each in its own cache slot: a new request is prefilled
-//! (reusing the slot whose cached tokens share the longest prefix with its prompt), then every
+//! (reusing the slot whose cached tokens share the longest prefix with its prompt, or copying
+//! that prefix from a slot still decoding, whose earlier positions never change), then every
 //! active generation advances one token per step in one batched pass over the weights
 //! ([`Decoder::forward_batch`]), plus the tokens its JSON schema forces after that token, if any
 //! ([`ForcedTokens::FastForward`]: they ride in the same pass instead of taking a step each).
@@ -572,11 +573,24 @@ impl Worker {
         }
     }
 
+    /// Makes slot `dst` hold the first `len` cached positions of slot `src` (on error `dst` is
+    /// left empty and its call prefills from scratch).
+    fn copy_slot_prefix(&mut self, src: usize, dst: usize, len: usize) {
+        let (src, dst) = two_slots(&mut self.slots, src, dst);
+        dst.tokens.clear();
+        match self.decoder.copy_prefix(&mut dst.kv, &src.kv, len) {
+            Ok(()) => dst.tokens.extend_from_slice(&src.tokens[..len]),
+            Err(_) => dst.kv.truncate(0),
+        }
+    }
+
     /// Prefills a new request and makes it active. It takes the idle slot sharing the longest
     /// prefix with its prompt (least recently used among equals) and cuts it after that prefix,
     /// unless that would drop more cached positions than it keeps: then the shared prefix is
     /// copied into an empty (else the least recently used) other slot, so an unrelated call does
     /// not overwrite a long cached prefix (a whole history) that later calls will want again.
+    /// When a busy slot shares more of the prompt than every idle one, that prefix is copied
+    /// from it instead.
     fn start(&mut self, mut request: Box<Request>) {
         if request.opts.cancel.is_cancelled() {
             // Cancelled while queued: no prefill.
@@ -615,25 +629,40 @@ impl Worker {
                 std::cmp::Reverse(self.slots[i].last_used),
             )
         });
-        let index = best.and_then(|best| {
-            let shared = common(&self.slots[best]);
-            if shared == 0 {
-                return spare_among(&self.slots, None);
-            }
-            if self.slots[best].tokens.len() - shared <= shared {
-                return Some(best);
-            }
-            let Some(spare) = spare_among(&self.slots, Some(best)) else {
-                return Some(best);
-            };
-            let (src, dst) = two_slots(&mut self.slots, best, spare);
-            dst.tokens.clear();
-            match self.decoder.copy_prefix(&mut dst.kv, &src.kv, shared) {
-                Ok(()) => dst.tokens.extend_from_slice(&src.tokens[..shared]),
-                Err(_) => dst.kv.truncate(0), // prefilled from scratch below
-            }
+        // A busy slot may share more of the prompt than any idle one: calls with the same long
+        // system prompt often overlap (several memories built at once), and the positions a
+        // decoding call holds before the shared length never change. They are copied into an
+        // idle slot (not the best idle one, which may hold a history later calls want, unless
+        // it is the only one) instead of prefilled again.
+        let idle_shared = best.map_or(0, |i| common(&self.slots[i]));
+        let from_busy = (0..self.slots.len())
+            .filter(|&i| self.slots[i].busy)
+            .map(|i| (i, common(&self.slots[i])))
+            .max_by_key(|&(i, shared)| (shared, std::cmp::Reverse(i)))
+            .filter(|&(_, shared)| shared > idle_shared)
+            .and_then(|(src, shared)| {
+                let spare = spare_among(&self.slots, best).or(best)?;
+                Some((src, shared, spare))
+            });
+        let index = if let Some((src, shared, spare)) = from_busy {
+            self.copy_slot_prefix(src, spare, shared);
             Some(spare)
-        });
+        } else {
+            best.and_then(|best| {
+                let shared = idle_shared;
+                if shared == 0 {
+                    return spare_among(&self.slots, None);
+                }
+                if self.slots[best].tokens.len() - shared <= shared {
+                    return Some(best);
+                }
+                let Some(spare) = spare_among(&self.slots, Some(best)) else {
+                    return Some(best);
+                };
+                self.copy_slot_prefix(best, spare, shared);
+                Some(spare)
+            })
+        };
         let Some(index) = index else {
             let _ = request
                 .reply

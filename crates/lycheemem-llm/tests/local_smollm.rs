@@ -395,6 +395,66 @@ fn an_unrelated_call_keeps_a_long_cached_prefix() {
     assert_eq!(again.cached_prompt_tokens, again.prompt_tokens - 1);
 }
 
+/// A call whose system prompt a call still decoding shares gets that prefix copied from the busy
+/// slot (not prefilled again), and answers exactly as on a model with an empty cache.
+#[test]
+fn a_prefix_held_by_a_decoding_call_is_copied_not_prefilled() {
+    let f32_model = || {
+        LocalLlm::load(
+            &gguf(),
+            LocalOptions {
+                max_batch: 2,
+                weights: LlmWeights::F32,
+                ..cpu()
+            },
+        )
+        .unwrap()
+    };
+    let question = ask("Name a primary colour.");
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        ..Default::default()
+    };
+    let alone = f32_model().complete(&question, &opts).unwrap();
+    assert_eq!(alone.cached_prompt_tokens, 0);
+    let m = f32_model();
+    let cancel = lycheemem_core::Cancel::new();
+    let story = ask("Write a very long story about a lighthouse keeper, in many chapters.");
+    std::thread::scope(|s| {
+        let long = s.spawn(|| {
+            m.complete(
+                &story,
+                &GenerateOptions {
+                    max_tokens: 2_000,
+                    cancel: cancel.clone(),
+                    ..GenerateOptions::default()
+                },
+            )
+        });
+        // The long call is prefilled and decoding (busy) when the second one arrives.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let copied = m.complete(&question, &opts).unwrap();
+        cancel.cancel();
+        assert!(
+            m.peak_batch() > 1,
+            "the long call had finished before the second arrived"
+        );
+        let tokens = |messages: &[ChatMessage]| m.prompt_tokens(messages).unwrap().1;
+        let shared = tokens(&question)
+            .iter()
+            .zip(&tokens(&story))
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert!(shared > 10, "{shared}");
+        assert_eq!(copied.cached_prompt_tokens as usize, shared);
+        assert_eq!(copied.text, alone.text);
+        assert!(matches!(
+            long.join().unwrap(),
+            Err(lycheemem_core::Error::Cancelled(_))
+        ));
+    });
+}
+
 #[test]
 fn a_cancelled_call_stops_decoding_and_frees_its_slot() {
     let m = batching_model(2);
