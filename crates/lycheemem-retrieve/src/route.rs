@@ -968,13 +968,15 @@ fn recall_temporal(
     let temporal_n = budget.temporal_n;
     let since = filter.since.clone().unwrap_or_else(|| "0001-01-01".into());
     let until = filter.until.clone().unwrap_or_else(|| "9999-12-31".into());
-    let nodes = ctx.store.temporal_nodes(ctx.ns, &since, &until)?;
+    let nodes = ctx.store.temporal_members(ctx.ns, &since, &until)?;
+    let day_prefix = NodeKind::Temporal.node_id("day:");
     let mut linked = 0usize;
     for n in nodes {
         if linked >= temporal_n {
             break;
         }
-        let score = if n.key.starts_with("day:") {
+        let record_ids = n.record_ids.unwrap_or_default();
+        let score = if n.node_id.starts_with(&day_prefix) {
             cfg.temporal_day_score
         } else {
             cfg.temporal_month_score
@@ -983,7 +985,7 @@ fn recall_temporal(
         // (up to `temporal_n`) to be resolved. A node the store searches (a large one) gives
         // every member's cosine to the leading variants from the same vectors resolving reads:
         // their bounds become exact and only those that can rank are resolved.
-        let members = n.record_ids.len();
+        let members = record_ids.len();
         let mut lead_cos: HashMap<String, f32> = HashMap::new();
         if !lead_vectors.is_empty() && members >= ctx.store.node_search_above() {
             let lists =
@@ -996,7 +998,7 @@ fn recall_temporal(
                 }
             }
         }
-        for record_id in &n.record_ids {
+        for record_id in &record_ids {
             if linked >= temporal_n {
                 break;
             }

@@ -139,6 +139,22 @@ pub trait StoreSearch: Send + Sync {
     fn temporal_nodes(&self, ns: &Namespace, since: &str, until: &str)
     -> Result<Vec<EvidenceNode>>;
 
+    /// The members of [`StoreSearch::temporal_nodes`]' nodes, in the same order, each listing
+    /// every record: what the temporal channel reads (a backend may skip decoding the nodes'
+    /// other fields).
+    fn temporal_members(
+        &self,
+        ns: &Namespace,
+        since: &str,
+        until: &str,
+    ) -> Result<Vec<NodeMembers>> {
+        Ok(self
+            .temporal_nodes(ns, since, until)?
+            .into_iter()
+            .map(|n| NodeMembers::of(n, usize::MAX))
+            .collect())
+    }
+
     /// Vectors for similarity scoring: the in-memory indexed vector (unit length, at the
     /// index's precision) where there is one, else the stored vector. Same cosine as
     /// [`Store::vectors`] without reading vector rows from the database.

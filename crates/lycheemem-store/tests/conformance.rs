@@ -11,7 +11,8 @@ use common::*;
 use lycheemem_core::{NodeKind, Purpose, TokenUsage, TurnRef};
 use lycheemem_store::prelude::*;
 use lycheemem_store::{
-    ExportOptions, ItemRef, SegmentOutcome, SegmentWrite, SessionInfo, Target, VectorQuery,
+    ExportOptions, ItemRef, NodeMembers, SegmentOutcome, SegmentWrite, SessionInfo, Target,
+    VectorQuery,
 };
 
 fn open(dir: &std::path::Path) -> Box<dyn MemoryStore> {
@@ -105,6 +106,29 @@ fn turns_segments_records_nodes_round_trip() {
             .is_empty()
     );
     assert!(store.temporal_nodes(&a, "last week", "2023-08").is_err());
+    // The temporal channel's read: the same nodes, in order, with every record listed.
+    for (since, until) in [
+        ("2023-05-01", "2023-05-10"),
+        ("2023-05", "2023-06-30"),
+        ("2023-07", "2023-08"),
+    ] {
+        let members = store.temporal_members(&a, since, until).unwrap();
+        let expected: Vec<NodeMembers> = store
+            .temporal_nodes(&a, since, until)
+            .unwrap()
+            .into_iter()
+            .map(|n| NodeMembers::of(n, usize::MAX))
+            .collect();
+        assert_eq!(members, expected, "{since}..{until}");
+    }
+    assert!(
+        !store.temporal_members(&a, "2023-05", "2023-05").unwrap()[0]
+            .record_ids
+            .as_ref()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.temporal_members(&a, "last week", "2023-08").is_err());
     // Turn windows clamp at both ends.
     let window = store
         .turn_window(

@@ -320,6 +320,43 @@ impl StoreSearch for Store {
         Ok(out)
     }
 
+    /// Read from the binary members rows (keyed like the node rows), not the JSON node rows.
+    fn temporal_members(
+        &self,
+        ns: &Namespace,
+        since: &str,
+        until: &str,
+    ) -> Result<Vec<NodeMembers>> {
+        let ranges = crate::rules::temporal_node_ranges(since, until)?;
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let txn = self.read()?;
+        let t = txn.open_table(NODE_MEMBERS).map_err(db_err)?;
+        let prefix = keys::ns_str(ns, "").len();
+        let mut out = Vec::new();
+        for (lo, hi) in ranges {
+            let lo = keys::ns_str(ns, &lo);
+            let hi = keys::ns_str(ns, &hi);
+            for entry in t.range(lo.as_slice()..=hi.as_slice()).map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                let node_id = k
+                    .value()
+                    .get(prefix..)
+                    .and_then(|id| std::str::from_utf8(id).ok())
+                    .ok_or_else(|| Error::Store("corrupt node members key".into()))?
+                    .to_string();
+                let ids = decode_members(v.value())?.ids;
+                out.push(NodeMembers {
+                    node_id,
+                    records: ids.len(),
+                    record_ids: Some(ids),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     fn scoring_vectors(&self, ns: &Namespace, items: &[ItemRef]) -> Result<Vec<Option<Vec<f32>>>> {
         let txn = self.read()?;
         let id_keys = txn.open_table(ID_KEYS).map_err(db_err)?;
