@@ -632,8 +632,8 @@ impl Worker {
         // A busy slot may share more of the prompt than any idle one: calls with the same long
         // system prompt often overlap (several memories built at once), and the positions a
         // decoding call holds before the shared length never change. They are copied into an
-        // idle slot (not the best idle one, which may hold a history later calls want, unless
-        // it is the only one) instead of prefilled again.
+        // idle slot (not the idle one sharing the most, if it shares anything: it may hold a
+        // history later calls want, unless it is the only one) instead of prefilled again.
         let idle_shared = best.map_or(0, |i| common(&self.slots[i]));
         let from_busy = (0..self.slots.len())
             .filter(|&i| self.slots[i].busy)
@@ -641,7 +641,8 @@ impl Worker {
             .max_by_key(|&(i, shared)| (shared, std::cmp::Reverse(i)))
             .filter(|&(_, shared)| shared > idle_shared)
             .and_then(|(src, shared)| {
-                let spare = spare_among(&self.slots, best).or(best)?;
+                let keep = best.filter(|_| idle_shared > 0);
+                let spare = spare_among(&self.slots, keep).or(best)?;
                 Some((src, shared, spare))
             });
         let index = if let Some((src, shared, spare)) = from_busy {
