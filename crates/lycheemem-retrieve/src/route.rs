@@ -985,7 +985,7 @@ fn recall_temporal(
         // (up to `temporal_n`) to be resolved. A node the store searches (a large one) gives
         // every member's cosine to the leading variants from the same vectors resolving reads:
         // their bounds become exact and only those that can rank are resolved.
-        let members = record_ids.len();
+        let members = n.records;
         let mut lead_cos: HashMap<String, f32> = HashMap::new();
         if !lead_vectors.is_empty() && members >= ctx.store.node_search_above() {
             let lists =

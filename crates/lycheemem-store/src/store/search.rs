@@ -3,6 +3,40 @@
 use super::*;
 
 impl Store {
+    /// Calls `row` with the node id and value of every row of `table` (keyed `ns \0 node id`,
+    /// like the node rows) whose temporal node overlaps `[since, until]`: days, then months,
+    /// each in key order ([`crate::rules::temporal_node_ranges`]).
+    fn temporal_rows(
+        &self,
+        table: redb::TableDefinition<&[u8], &[u8]>,
+        ns: &Namespace,
+        since: &str,
+        until: &str,
+        mut row: impl FnMut(&str, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let ranges = crate::rules::temporal_node_ranges(since, until)?;
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let txn = self.read()?;
+        let t = txn.open_table(table).map_err(db_err)?;
+        let prefix = keys::ns_str(ns, "").len();
+        for (lo, hi) in ranges {
+            let lo = keys::ns_str(ns, &lo);
+            let hi = keys::ns_str(ns, &hi);
+            for entry in t.range(lo.as_slice()..=hi.as_slice()).map_err(db_err)? {
+                let (k, v) = entry.map_err(db_err)?;
+                let node_id = k
+                    .value()
+                    .get(prefix..)
+                    .and_then(|id| std::str::from_utf8(id).ok())
+                    .ok_or_else(|| Error::Store("corrupt node key".into()))?;
+                row(node_id, v.value())?;
+            }
+        }
+        Ok(())
+    }
+
     /// Top-k among `allowed` keys: exact for small sets, else filtered HNSW, falling back to
     /// exact when the filtered search comes back short.
     pub(super) fn search_allowed(
@@ -302,21 +336,11 @@ impl StoreSearch for Store {
         since: &str,
         until: &str,
     ) -> Result<Vec<EvidenceNode>> {
-        let ranges = crate::rules::temporal_node_ranges(since, until)?;
-        if ranges.is_empty() {
-            return Ok(Vec::new());
-        }
-        let txn = self.read()?;
-        let t = txn.open_table(NODES).map_err(db_err)?;
         let mut out = Vec::new();
-        for (lo, hi) in ranges {
-            let lo = keys::ns_str(ns, &lo);
-            let hi = keys::ns_str(ns, &hi);
-            for entry in t.range(lo.as_slice()..=hi.as_slice()).map_err(db_err)? {
-                let (_, v) = entry.map_err(db_err)?;
-                out.push(from_json::<NodeRow>(v.value(), "node")?.node);
-            }
-        }
+        self.temporal_rows(NODES, ns, since, until, |_, row| {
+            out.push(from_json::<NodeRow>(row, "node")?.node);
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -327,33 +351,16 @@ impl StoreSearch for Store {
         since: &str,
         until: &str,
     ) -> Result<Vec<NodeMembers>> {
-        let ranges = crate::rules::temporal_node_ranges(since, until)?;
-        if ranges.is_empty() {
-            return Ok(Vec::new());
-        }
-        let txn = self.read()?;
-        let t = txn.open_table(NODE_MEMBERS).map_err(db_err)?;
-        let prefix = keys::ns_str(ns, "").len();
         let mut out = Vec::new();
-        for (lo, hi) in ranges {
-            let lo = keys::ns_str(ns, &lo);
-            let hi = keys::ns_str(ns, &hi);
-            for entry in t.range(lo.as_slice()..=hi.as_slice()).map_err(db_err)? {
-                let (k, v) = entry.map_err(db_err)?;
-                let node_id = k
-                    .value()
-                    .get(prefix..)
-                    .and_then(|id| std::str::from_utf8(id).ok())
-                    .ok_or_else(|| Error::Store("corrupt node members key".into()))?
-                    .to_string();
-                let ids = decode_members(v.value())?.ids;
-                out.push(NodeMembers {
-                    node_id,
-                    records: ids.len(),
-                    record_ids: Some(ids),
-                });
-            }
-        }
+        self.temporal_rows(NODE_MEMBERS, ns, since, until, |node_id, row| {
+            let ids = decode_members(row)?.ids;
+            out.push(NodeMembers {
+                node_id: node_id.to_string(),
+                records: ids.len(),
+                record_ids: Some(ids),
+            });
+            Ok(())
+        })?;
         Ok(out)
     }
 
