@@ -21,6 +21,7 @@ mod decoder;
 mod gguf_tokenizer;
 mod local;
 mod metering;
+mod q4k_avx2;
 mod remote;
 mod schema_check;
 mod spec;
