@@ -8,7 +8,7 @@
 //! weights), and in reading both architectures through one configuration.
 
 use crate::attention;
-use crate::q4k_avx2::PackedQ4K;
+use crate::kquants_avx2::PackedKQuant;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
@@ -133,9 +133,9 @@ struct Linear {
     matmul: QMatMul,
     /// The quantized weight, kept where prompt chunks multiply a dense copy of it.
     dense_prefill: Option<Arc<QTensor>>,
-    /// A Q4_K weight repacked for AVX2 CPUs without VNNI, which multiplies in its place (see
-    /// [`PackedQ4K`]).
-    packed_q4k: Option<PackedQ4K>,
+    /// A Q4_K or Q6_K weight repacked for AVX2 CPUs without VNNI, which multiplies in its place
+    /// (see [`PackedKQuant`]).
+    packed: Option<PackedKQuant>,
 }
 
 impl Linear {
@@ -147,23 +147,23 @@ impl Linear {
         let device = weight.device();
         Ok(match format {
             LlmWeights::Quantized => {
-                let packed_q4k = PackedQ4K::for_cpu(&weight)?;
+                let packed = PackedKQuant::for_cpu(&weight)?;
                 let weight = Arc::new(weight);
                 Linear {
                     matmul: QMatMul::from_arc(weight.clone())?,
                     dense_prefill: dense_prefill.then_some(weight),
-                    packed_q4k,
+                    packed,
                 }
             }
             LlmWeights::F32 => Linear {
                 matmul: QMatMul::Tensor(weight.dequantize(&device)?),
                 dense_prefill: None,
-                packed_q4k: None,
+                packed: None,
             },
             LlmWeights::F16 => Linear {
                 matmul: QMatMul::TensorF16(weight.dequantize_f16(&device)?),
                 dense_prefill: None,
-                packed_q4k: None,
+                packed: None,
             },
         })
     }
@@ -174,7 +174,7 @@ impl Linear {
             Some(weight) if rows >= DENSE_MIN_ROWS => {
                 QMatMul::Tensor(weight.dequantize(x.device())?).forward(x)
             }
-            _ => match &self.packed_q4k {
+            _ => match &self.packed {
                 Some(packed) => packed.forward(x),
                 None => self.matmul.forward(x),
             },
@@ -897,7 +897,7 @@ mod tests {
         let linear = Linear {
             matmul: QMatMul::from_arc(q.clone())?,
             dense_prefill: Some(q),
-            packed_q4k: None,
+            packed: None,
         };
         let x: Vec<f32> = (0..DENSE_MIN_ROWS * in_dim)
             .map(|i| ((i * 104_729 % 997) as f32 / 498.5) - 1.0)

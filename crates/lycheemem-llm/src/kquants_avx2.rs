@@ -1,0 +1,914 @@
+//! Q4_K and Q6_K weight matrices repacked for x86-64 CPUs with AVX2 and FMA but no VNNI,
+//! multiplied with 8-bit activations in the integer domain.
+//!
+//! candle 0.11 multiplies such weights on these CPUs with tiles of 16 rows whose block scales
+//! (and Q4_K's mins) it expands to `f32` at load time, Q6_K's values to one byte each (33 % and
+//! 52 % more bytes than the file's blocks, read on every decoding step), and converts every
+//! sub-block's integer sum to `f32` for each activation row. Here the tiles keep the file's
+//! bits: 4-bit values two to a byte (Q6_K's two high bits four to a byte beside them), scales and
+//! mins as bytes, applied in the integer domain (`madd_epi16` of a sub-block's 16-bit sums by the
+//! row's scale, as llama.cpp does); Q4_K's min correction and Q6_K's offset of 32 are one more
+//! `madd_epi16` per pair of sub-blocks against the activations' sub-block sums; there is one
+//! conversion to `f32` per block and row. Tiles are 5.5 % (Q4_K) and 1 % (Q6_K) larger than the
+//! file's blocks.
+//!
+//! Only used where it was measured faster (see `results/llm-decode-kernels/NOTES.md`): CPUs with
+//! AVX2 and FMA and neither AVX-512-VNNI nor AVX-VNNI, where candle has no integer dot-product
+//! instruction either. Everywhere else candle's kernels run.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Result, Storage, Tensor};
+
+/// Values per Q4_K (and activation) block.
+const BLOCK: usize = 256;
+/// Bytes per Q4_K block in the GGUF file: `d`, `dmin` (f16), 12 bytes of 6-bit scales and
+/// mins, 128 bytes of 4-bit values.
+const Q4K_BLOCK_BYTES: usize = 144;
+/// Bytes per Q6_K block in the GGUF file: 128 bytes of low 4 bits, 64 of high 2 bits, 16 `i8`
+/// scales (one per 16 values), `d` (f16).
+const Q6K_BLOCK_BYTES: usize = 210;
+/// Weight rows per tile (two AVX2 vectors of `i32`/`f32` lanes, one lane per row).
+const TILE_ROWS: usize = 16;
+/// Activation rows multiplied with a tile while it is in L1 (their accumulators fill the
+/// registers).
+const ROWS_PER_UNIT: usize = 4;
+
+/// One 256-value block of 16 Q4_K weight rows.
+#[repr(C, align(64))]
+#[derive(Clone)]
+struct TileQ4K {
+    /// `[group of 8 values (32)][row (16)][4 bytes]`; byte `j` of a group holds value `8g + j`
+    /// in its low nibble and value `8g + j + 4` in its high nibble.
+    qs: [u8; BLOCK / 8 * TILE_ROWS * 4],
+    /// `[sub-block (8)][row (16)]`: the 6-bit scale of each 32-value sub-block.
+    scales: [[u8; TILE_ROWS]; 8],
+    /// `[pair of sub-blocks (4)][row (16)][2]`: the 6-bit mins of sub-blocks `2p` and `2p + 1`.
+    mins: [[u8; TILE_ROWS * 2]; 4],
+    /// Per row: the block's scale multiplier (`d`) and min multiplier (`dmin`).
+    d: [f32; TILE_ROWS],
+    dmin: [f32; TILE_ROWS],
+}
+
+/// One 256-value block of 16 Q6_K weight rows; a weight is `d · scale · (q - 32)` with `q` in
+/// `0..64`.
+#[repr(C, align(64))]
+#[derive(Clone)]
+struct TileQ6K {
+    /// The low 4 bits of `q`, laid out as [`TileQ4K::qs`].
+    low: [u8; BLOCK / 8 * TILE_ROWS * 4],
+    /// `[group of 16 values (16)][row (16)][4 bytes]`; bits `2i..2i + 2` of byte `j` of a group
+    /// are the high 2 bits of value `16G + 4i + j`.
+    high: [u8; BLOCK / 16 * TILE_ROWS * 4],
+    /// `[group of 16 values (16)][row (16)]`: the signed scale of each 16 values.
+    scales: [[i8; TILE_ROWS]; 16],
+    /// Per row: the block's scale multiplier.
+    d: [f32; TILE_ROWS],
+}
+
+/// One 256-value block of an activation row quantized to `i8` (`x ≈ d · q`).
+#[repr(C)]
+#[derive(Clone)]
+struct ActivationBlock {
+    qs: [i8; BLOCK],
+    d: f32,
+    /// Sums of `qs` over 32-value sub-blocks `2p` (low 16 bits) and `2p + 1` (high 16 bits).
+    sum32_pairs: [i32; 4],
+    /// Sums of `qs` over 16-value groups `2p` (low 16 bits) and `2p + 1` (high 16 bits).
+    sum16_pairs: [i32; 8],
+}
+
+/// A Q4_K or Q6_K matrix `(out, in)` repacked into tiles, applied as `x · Wᵀ`.
+pub(crate) struct PackedKQuant {
+    out_dim: usize,
+    in_dim: usize,
+    /// `[out / 16][in / 256]`.
+    tiles: Tiles,
+}
+
+enum Tiles {
+    Q4K(Vec<TileQ4K>),
+    Q6K(Vec<TileQ6K>),
+}
+
+/// Whether this CPU takes the repacked path (see the module documentation).
+pub(crate) fn preferred_here() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let vnni = (has!("avx512f") && has!("avx512vnni")) || has!("avxvnni");
+        supported_here() && !vnni
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU can run the kernels at all.
+fn supported_here() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The 6-bit scale and min of sub-block `j` from a Q4_K block's 12 packed bytes.
+fn scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (packed[j] & 63, packed[j + 4] & 63)
+    } else {
+        (
+            (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4),
+            (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Value `v` (`0..64`) of a Q6_K block: low 4 bits in `ql` (values `128h + 32k + l` in the low
+/// nibbles of byte `64h + 32(k % 2) + l` for `k < 2`, the high nibbles for `k >= 2`), high 2 bits
+/// in bits `2k..2k + 2` of `qh[32h + l]`.
+fn q6k_value(ql: &[u8], qh: &[u8], v: usize) -> u8 {
+    let (half, k, l) = (v / 128, v % 128 / 32, v % 32);
+    let low = ql[64 * half + 32 * (k % 2) + l];
+    let low = if k < 2 { low & 0x0F } else { low >> 4 };
+    low | (((qh[32 * half + l] >> (2 * k)) & 3) << 4)
+}
+
+impl PackedKQuant {
+    /// The repacked copy of `weight` where this CPU prefers it (see [`preferred_here`]) and the
+    /// weight is a CPU Q4_K or Q6_K matrix with `out % 16 == 0` and `in % 256 == 0`; `None`
+    /// otherwise.
+    pub(crate) fn for_cpu(weight: &QTensor) -> Result<Option<Self>> {
+        if !preferred_here() || !weight.device().is_cpu() {
+            return Ok(None);
+        }
+        Self::pack(weight)
+    }
+
+    /// The repacked copy of a Q4_K or Q6_K matrix of a suitable shape, on any CPU with AVX2 and
+    /// FMA.
+    fn pack(weight: &QTensor) -> Result<Option<Self>> {
+        let block_bytes = match weight.dtype() {
+            GgmlDType::Q4K => Q4K_BLOCK_BYTES,
+            GgmlDType::Q6K => Q6K_BLOCK_BYTES,
+            _ => return Ok(None),
+        };
+        if !supported_here() {
+            return Ok(None);
+        }
+        let (out_dim, in_dim) = weight.shape().dims2()?;
+        if out_dim == 0 || !out_dim.is_multiple_of(TILE_ROWS) || !in_dim.is_multiple_of(BLOCK) {
+            return Ok(None);
+        }
+        let data = weight.data()?;
+        let blocks_per_row = in_dim / BLOCK;
+        if data.len() != out_dim * blocks_per_row * block_bytes {
+            candle_core::bail!(
+                "{:?} weight {out_dim}x{in_dim} holds {} bytes, expected {}",
+                weight.dtype(),
+                data.len(),
+                out_dim * blocks_per_row * block_bytes
+            );
+        }
+        // The file's block of tile row `t`, row `r` of the tile, block `b` of the row.
+        let block = |t: usize, r: usize, b: usize| {
+            let at = ((t * TILE_ROWS + r) * blocks_per_row + b) * block_bytes;
+            &data[at..at + block_bytes]
+        };
+        let tile_rows = out_dim / TILE_ROWS;
+        let tiles = match weight.dtype() {
+            GgmlDType::Q4K => Tiles::Q4K(
+                (0..tile_rows)
+                    .flat_map(|t| (0..blocks_per_row).map(move |b| (t, b)))
+                    .map(|(t, b)| pack_q4k(|r| block(t, r, b)))
+                    .collect(),
+            ),
+            _ => Tiles::Q6K(
+                (0..tile_rows)
+                    .flat_map(|t| (0..blocks_per_row).map(move |b| (t, b)))
+                    .map(|(t, b)| pack_q6k(|r| block(t, r, b)))
+                    .collect(),
+            ),
+        };
+        Ok(Some(PackedKQuant {
+            out_dim,
+            in_dim,
+            tiles,
+        }))
+    }
+
+    /// `x · Wᵀ` for `x` of shape `(…, in)` as `(…, out)`.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.to_dtype(candle_core::DType::F32)?.contiguous()?;
+        let dims = x.dims().to_vec();
+        match dims.last() {
+            Some(&k) if k == self.in_dim => {}
+            _ => candle_core::bail!(
+                "input of shape {dims:?} for a {}x{} weight",
+                self.out_dim,
+                self.in_dim
+            ),
+        }
+        let rows = x.elem_count() / self.in_dim;
+        let mut out = vec![0f32; rows * self.out_dim];
+        {
+            let (storage, layout) = x.storage_and_layout();
+            let Storage::Cpu(cpu) = &*storage else {
+                candle_core::bail!("the repacked Q4_K path runs on the CPU only")
+            };
+            let start = layout.start_offset();
+            let input = &cpu.as_slice::<f32>()?[start..start + rows * self.in_dim];
+            self.multiply(input, rows, &mut out);
+        }
+        let mut out_dims = dims;
+        *out_dims.last_mut().expect("checked above") = self.out_dim;
+        Tensor::from_vec(out, out_dims, x.device())
+    }
+
+    /// `out (rows, out) = input (rows, in) · Wᵀ`.
+    fn multiply(&self, input: &[f32], rows: usize, out: &mut [f32]) {
+        let blocks_per_row = self.in_dim / BLOCK;
+        let activations = quantize_rows(input, rows, self.in_dim);
+        let row_units = rows.div_ceil(ROWS_PER_UNIT);
+        let units = self.out_dim / TILE_ROWS * row_units;
+        let out_ptr = out.as_mut_ptr() as usize;
+        let out_dim = self.out_dim;
+        candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+            for unit in range {
+                // Row units vary fastest: consecutive units reuse one column of tiles.
+                let tile_row = unit / row_units;
+                let first = unit % row_units * ROWS_PER_UNIT;
+                let count = (rows - first).min(ROWS_PER_UNIT);
+                let acts = &activations[first * blocks_per_row..][..count * blocks_per_row];
+                let mut sums = [[0f32; TILE_ROWS]; ROWS_PER_UNIT];
+                let column = tile_row * blocks_per_row..(tile_row + 1) * blocks_per_row;
+                match &self.tiles {
+                    Tiles::Q4K(tiles) => {
+                        kernels::tile_column(&tiles[column], acts, count, &mut sums)
+                    }
+                    Tiles::Q6K(tiles) => {
+                        kernels::tile_column(&tiles[column], acts, count, &mut sums)
+                    }
+                }
+                for (i, row_sums) in sums[..count].iter().enumerate() {
+                    // SAFETY: every unit writes its own (row, 16 columns) cells of `out`, which
+                    // outlives the pool call; no two units share a cell.
+                    unsafe {
+                        let dst =
+                            (out_ptr as *mut f32).add((first + i) * out_dim + tile_row * TILE_ROWS);
+                        std::ptr::copy_nonoverlapping(row_sums.as_ptr(), dst, TILE_ROWS);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// One Q4_K tile from its 16 rows' file blocks (`block(r)`: row `r`'s 144 bytes).
+fn pack_q4k<'a>(block: impl Fn(usize) -> &'a [u8]) -> TileQ4K {
+    let mut tile = TileQ4K {
+        qs: [0; BLOCK / 8 * TILE_ROWS * 4],
+        scales: [[0; TILE_ROWS]; 8],
+        mins: [[0; TILE_ROWS * 2]; 4],
+        d: [0.0; TILE_ROWS],
+        dmin: [0.0; TILE_ROWS],
+    };
+    for r in 0..TILE_ROWS {
+        let block = block(r);
+        tile.d[r] = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        tile.dmin[r] = half::f16::from_le_bytes([block[2], block[3]]).to_f32();
+        let packed_scales = &block[4..16];
+        for sub in 0..8 {
+            let (scale, min) = scale_min(sub, packed_scales);
+            tile.scales[sub][r] = scale;
+            tile.mins[sub / 2][r * 2 + sub % 2] = min;
+        }
+        // The file's 4-bit values: 32-byte chunk `c` holds values `64c + j` in its low nibbles
+        // and `64c + 32 + j` in its high nibbles.
+        let qs = &block[16..];
+        let value = |v: usize| {
+            let byte = qs[v / 64 * 32 + v % 32];
+            if v % 64 < 32 { byte & 0x0F } else { byte >> 4 }
+        };
+        for g in 0..BLOCK / 8 {
+            for j in 0..4 {
+                tile.qs[(g * TILE_ROWS + r) * 4 + j] =
+                    value(8 * g + j) | (value(8 * g + j + 4) << 4);
+            }
+        }
+    }
+    tile
+}
+
+/// One Q6_K tile from its 16 rows' file blocks (`block(r)`: row `r`'s 210 bytes).
+fn pack_q6k<'a>(block: impl Fn(usize) -> &'a [u8]) -> TileQ6K {
+    let mut tile = TileQ6K {
+        low: [0; BLOCK / 8 * TILE_ROWS * 4],
+        high: [0; BLOCK / 16 * TILE_ROWS * 4],
+        scales: [[0; TILE_ROWS]; 16],
+        d: [0.0; TILE_ROWS],
+    };
+    for r in 0..TILE_ROWS {
+        let block = block(r);
+        let (ql, qh) = (&block[..128], &block[128..192]);
+        for (group, &scale) in block[192..208].iter().enumerate() {
+            tile.scales[group][r] = scale as i8;
+        }
+        tile.d[r] = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
+        let value = |v: usize| q6k_value(ql, qh, v);
+        for g in 0..BLOCK / 8 {
+            for j in 0..4 {
+                tile.low[(g * TILE_ROWS + r) * 4 + j] =
+                    (value(8 * g + j) & 0x0F) | ((value(8 * g + j + 4) & 0x0F) << 4);
+            }
+        }
+        for g in 0..BLOCK / 16 {
+            for j in 0..4 {
+                tile.high[(g * TILE_ROWS + r) * 4 + j] = (0..4).fold(0, |byte, i| {
+                    byte | ((value(16 * g + 4 * i + j) >> 4) << (2 * i))
+                });
+            }
+        }
+    }
+    tile
+}
+
+/// `rows` rows of `cols` values as [`ActivationBlock`]s, row-major.
+fn quantize_rows(input: &[f32], rows: usize, cols: usize) -> Vec<ActivationBlock> {
+    let per_row = cols / BLOCK;
+    let mut blocks = vec![
+        ActivationBlock {
+            qs: [0; BLOCK],
+            d: 0.0,
+            sum32_pairs: [0; 4],
+            sum16_pairs: [0; 8],
+        };
+        rows * per_row
+    ];
+    let fill = |range: std::ops::Range<usize>, blocks: &mut [ActivationBlock]| {
+        for (i, block) in range.zip(blocks.iter_mut()) {
+            kernels::quantize_block(&input[i * BLOCK..][..BLOCK], block);
+        }
+    };
+    if rows == 1 {
+        fill(0..per_row, &mut blocks);
+    } else {
+        let ptr = blocks.as_mut_ptr() as usize;
+        let total = blocks.len();
+        candle_core::utils::barrier_pool().execute_chunked(total, |range| {
+            // SAFETY: the pool hands out disjoint ranges of `0..total`, within `blocks`.
+            let mine = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (ptr as *mut ActivationBlock).add(range.start),
+                    range.len(),
+                )
+            };
+            fill(range, mine);
+        });
+    }
+    blocks
+}
+
+/// The AVX2 kernels. Callers reach them only after [`supported_here`] (every constructor of
+/// [`PackedKQuant`] checks it), so the `unsafe` calls into `#[target_feature]` code are sound.
+#[cfg(target_arch = "x86_64")]
+mod kernels {
+    use super::{ActivationBlock, BLOCK, ROWS_PER_UNIT, TILE_ROWS, TileQ4K, TileQ6K};
+    use std::arch::x86_64::*;
+
+    /// A tile's product with `M` activation blocks, added to `acc` (`acc[i][h]`: rows
+    /// `8h..8h + 8` of the tile).
+    pub(super) trait Tile {
+        /// # Safety
+        /// The CPU has AVX2 and FMA.
+        unsafe fn add_products<const M: usize>(
+            &self,
+            acts: &[&ActivationBlock; M],
+            acc: &mut [[__m256; 2]; M],
+        );
+    }
+
+    impl Tile for TileQ4K {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn add_products<const M: usize>(
+            &self,
+            acts: &[&ActivationBlock; M],
+            acc: &mut [[__m256; 2]; M],
+        ) {
+            q4k_block::<M>(self, acts, acc)
+        }
+    }
+
+    impl Tile for TileQ6K {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn add_products<const M: usize>(
+            &self,
+            acts: &[&ActivationBlock; M],
+            acc: &mut [[__m256; 2]; M],
+        ) {
+            q6k_block::<M>(self, acts, acc)
+        }
+    }
+
+    /// `sums[i][r] = Σ_b acts[i · blocks + b] · tiles[b] row r` for the first `count` rows.
+    pub(super) fn tile_column<T: Tile>(
+        tiles: &[T],
+        acts: &[ActivationBlock],
+        count: usize,
+        sums: &mut [[f32; TILE_ROWS]; ROWS_PER_UNIT],
+    ) {
+        // SAFETY: AVX2 and FMA are present (module documentation).
+        unsafe {
+            match count {
+                1 => column::<T, 1>(tiles, acts, sums),
+                2 => column::<T, 2>(tiles, acts, sums),
+                3 => column::<T, 3>(tiles, acts, sums),
+                _ => column::<T, 4>(tiles, acts, sums),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn column<T: Tile, const M: usize>(
+        tiles: &[T],
+        acts: &[ActivationBlock],
+        sums: &mut [[f32; TILE_ROWS]; ROWS_PER_UNIT],
+    ) {
+        let blocks = tiles.len();
+        let mut acc = [[_mm256_setzero_ps(); 2]; M];
+        for (b, tile) in tiles.iter().enumerate() {
+            let rows: [&ActivationBlock; M] = std::array::from_fn(|i| &acts[i * blocks + b]);
+            // SAFETY: AVX2 and FMA are present (this function's features).
+            unsafe { tile.add_products::<M>(&rows, &mut acc) };
+        }
+        for (row, halves) in sums.iter_mut().zip(&acc) {
+            // SAFETY: each half is 8 of the row's 16 floats.
+            unsafe {
+                _mm256_storeu_ps(row.as_mut_ptr(), halves[0]);
+                _mm256_storeu_ps(row.as_mut_ptr().add(8), halves[1]);
+            }
+        }
+    }
+
+    /// Four activation bytes at `at` (at most `BLOCK - 4`), in every 32-bit lane.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn broadcast4(qs: &[i8; BLOCK], at: usize) -> __m256i {
+        debug_assert!(at + 4 <= BLOCK);
+        // SAFETY: `at + 4 <= BLOCK` for every caller (groups of 8 within 256 values).
+        _mm256_set1_epi32(unsafe { (qs.as_ptr().add(at) as *const i32).read_unaligned() })
+    }
+
+    /// Adds one block's products of the tile's 16 rows with `M` activation rows to `acc`
+    /// (`acc[i][h]`: rows `8h..8h + 8` of the tile).
+    // `h` picks both the tile's rows (byte offsets) and the accumulator half.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn q4k_block<const M: usize>(
+        tile: &TileQ4K,
+        acts: &[&ActivationBlock; M],
+        acc: &mut [[__m256; 2]; M],
+    ) {
+        let low_nibbles = _mm256_set1_epi8(0x0F);
+        for h in 0..2 {
+            // Per activation row, lane r: Σ_sub scale[sub][r] · Σ_{v in sub} q[r][v] · a[v].
+            let mut scaled = [_mm256_setzero_si256(); M];
+            for sub in 0..8 {
+                // SAFETY: 8 of the 16 bytes of `scales[sub]`.
+                let s8 = unsafe {
+                    _mm_loadl_epi64(tile.scales[sub].as_ptr().add(h * 8) as *const __m128i)
+                };
+                // Lanes (2r, 2r + 1) of the 16-bit products belong to row r.
+                let scale = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+                // 16-bit sums over the sub-block's 32 values: at most 4 · 2 · 2 · 15 · 127 =
+                // 30,480 per lane, within i16.
+                let mut partial = [_mm256_setzero_si256(); M];
+                for quad in 0..4 {
+                    let g = sub * 4 + quad;
+                    // SAFETY: 32 of the tile's bytes: group g, rows 8h..8h + 8.
+                    let w = unsafe {
+                        _mm256_loadu_si256(
+                            tile.qs.as_ptr().add((g * TILE_ROWS + h * 8) * 4) as *const __m256i
+                        )
+                    };
+                    let lo = _mm256_and_si256(w, low_nibbles);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low_nibbles);
+                    for (m, act) in acts.iter().enumerate() {
+                        let a_lo = broadcast4(&act.qs, 8 * g);
+                        let a_hi = broadcast4(&act.qs, 8 * g + 4);
+                        let both = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, a_lo),
+                            _mm256_maddubs_epi16(hi, a_hi),
+                        );
+                        partial[m] = _mm256_add_epi16(partial[m], both);
+                    }
+                }
+                for (sum, part) in scaled.iter_mut().zip(partial) {
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(part, scale));
+                }
+            }
+            // Per activation row, lane r: Σ_sub min[sub][r] · Σ_{v in sub} a[v].
+            let mut mins = [_mm256_setzero_si256(); M];
+            for pair in 0..4 {
+                // SAFETY: 16 of the 32 bytes of `mins[pair]`: rows 8h..8h + 8, two each.
+                let m8 = unsafe {
+                    _mm_loadu_si128(tile.mins[pair].as_ptr().add(h * 16) as *const __m128i)
+                };
+                let min = _mm256_cvtepu8_epi16(m8);
+                for (m, act) in acts.iter().enumerate() {
+                    let sums = _mm256_set1_epi32(act.sum32_pairs[pair]);
+                    mins[m] = _mm256_add_epi32(mins[m], _mm256_madd_epi16(min, sums));
+                }
+            }
+            // SAFETY: 8 of the 16 floats of `d` and `dmin`.
+            let (d, dmin) = unsafe {
+                (
+                    _mm256_loadu_ps(tile.d.as_ptr().add(h * 8)),
+                    _mm256_loadu_ps(tile.dmin.as_ptr().add(h * 8)),
+                )
+            };
+            for (m, act) in acts.iter().enumerate() {
+                let da = _mm256_set1_ps(act.d);
+                acc[m][h] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(scaled[m]),
+                    _mm256_mul_ps(d, da),
+                    acc[m][h],
+                );
+                acc[m][h] = _mm256_fnmadd_ps(
+                    _mm256_cvtepi32_ps(mins[m]),
+                    _mm256_mul_ps(dmin, da),
+                    acc[m][h],
+                );
+            }
+        }
+    }
+
+    /// Adds one block's products of the tile's 16 rows with `M` activation rows to `acc`.
+    #[allow(clippy::needless_range_loop)] // `h`: the tile's rows and the accumulator half
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn q6k_block<const M: usize>(
+        tile: &TileQ6K,
+        acts: &[&ActivationBlock; M],
+        acc: &mut [[__m256; 2]; M],
+    ) {
+        let low_nibbles = _mm256_set1_epi8(0x0F);
+        let bits = |mask: i8| _mm256_set1_epi8(mask);
+        for h in 0..2 {
+            // Per activation row, lane r: Σ_G scale[G][r] · Σ_{v in G} q[r][v] · a[v].
+            let mut scaled = [_mm256_setzero_si256(); M];
+            for group in 0..16 {
+                // SAFETY: 8 of the 16 bytes of `scales[group]`.
+                let s8 = unsafe {
+                    _mm_loadl_epi64(tile.scales[group].as_ptr().add(h * 8) as *const __m128i)
+                };
+                let scale = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s8, s8));
+                // SAFETY: 32 bytes each: nibble groups 2G and 2G + 1, high-bit group G, rows
+                // 8h..8h + 8.
+                let (w0, w1, hb) = unsafe {
+                    let at = |g: usize| (g * TILE_ROWS + h * 8) * 4;
+                    (
+                        _mm256_loadu_si256(tile.low.as_ptr().add(at(2 * group)) as *const __m256i),
+                        _mm256_loadu_si256(
+                            tile.low.as_ptr().add(at(2 * group + 1)) as *const __m256i
+                        ),
+                        _mm256_loadu_si256(tile.high.as_ptr().add(at(group)) as *const __m256i),
+                    )
+                };
+                // Values 16G + 4i + j (i = 0..4) of each row's 4-byte lanes, 0..64.
+                let v0 = _mm256_or_si256(
+                    _mm256_and_si256(w0, low_nibbles),
+                    _mm256_slli_epi16(_mm256_and_si256(hb, bits(0x03)), 4),
+                );
+                let v1 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(w0, 4), low_nibbles),
+                    _mm256_slli_epi16(_mm256_and_si256(hb, bits(0x0C)), 2),
+                );
+                let v2 = _mm256_or_si256(
+                    _mm256_and_si256(w1, low_nibbles),
+                    _mm256_and_si256(hb, bits(0x30)),
+                );
+                let v3 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(w1, 4), low_nibbles),
+                    _mm256_srli_epi16(_mm256_and_si256(hb, bits(0xC0u8 as i8)), 2),
+                );
+                for (m, act) in acts.iter().enumerate() {
+                    let at = 16 * group;
+                    // Two products of at most 2 · 63 · 127 each: within i16.
+                    let first = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(v0, broadcast4(&act.qs, at)),
+                        _mm256_maddubs_epi16(v1, broadcast4(&act.qs, at + 4)),
+                    );
+                    let second = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(v2, broadcast4(&act.qs, at + 8)),
+                        _mm256_maddubs_epi16(v3, broadcast4(&act.qs, at + 12)),
+                    );
+                    scaled[m] = _mm256_add_epi32(
+                        scaled[m],
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(first, scale),
+                            _mm256_madd_epi16(second, scale),
+                        ),
+                    );
+                }
+            }
+            // The offset: per activation row, lane r: Σ_G scale[G][r] · Σ_{v in G} a[v].
+            let mut offsets = [_mm256_setzero_si256(); M];
+            for pair in 0..8 {
+                // SAFETY: 8 of the 16 bytes of `scales[2p]` and `scales[2p + 1]`.
+                let (even, odd) = unsafe {
+                    (
+                        _mm_loadl_epi64(tile.scales[2 * pair].as_ptr().add(h * 8) as *const __m128i),
+                        _mm_loadl_epi64(
+                            tile.scales[2 * pair + 1].as_ptr().add(h * 8) as *const __m128i
+                        ),
+                    )
+                };
+                let scales = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(even, odd));
+                for (m, act) in acts.iter().enumerate() {
+                    let sums = _mm256_set1_epi32(act.sum16_pairs[pair]);
+                    offsets[m] = _mm256_add_epi32(offsets[m], _mm256_madd_epi16(scales, sums));
+                }
+            }
+            // SAFETY: 8 of the 16 floats of `d`.
+            let d = unsafe { _mm256_loadu_ps(tile.d.as_ptr().add(h * 8)) };
+            for (m, act) in acts.iter().enumerate() {
+                let total = _mm256_sub_epi32(scaled[m], _mm256_slli_epi32(offsets[m], 5));
+                acc[m][h] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(total),
+                    _mm256_mul_ps(d, _mm256_set1_ps(act.d)),
+                    acc[m][h],
+                );
+            }
+        }
+    }
+
+    /// `x` (256 values) as `d · q` with `q` in `-127..=127` rounded to nearest (ties to even),
+    /// and its sub-block sums.
+    pub(super) fn quantize_block(x: &[f32], out: &mut ActivationBlock) {
+        // SAFETY: AVX2 and FMA are present (module documentation).
+        unsafe { quantize_block_avx2(x, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn quantize_block_avx2(x: &[f32], out: &mut ActivationBlock) {
+        assert_eq!(x.len(), BLOCK);
+        let sign = _mm256_set1_ps(-0.0);
+        let largest = _mm256_set1_ps(f32::MAX);
+        let mut amax = _mm256_setzero_ps();
+        let mut non_finite = _mm256_setzero_ps();
+        for i in 0..BLOCK / 8 {
+            // SAFETY: 8 of the 256 values.
+            let v = _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
+            amax = _mm256_max_ps(amax, v);
+            // True for NaN (unordered) and infinities.
+            non_finite = _mm256_or_ps(non_finite, _mm256_cmp_ps::<_CMP_NLE_UQ>(v, largest));
+        }
+        let mut lanes = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
+        let max = lanes.iter().fold(0f32, |a, &b| a.max(b));
+        // A NaN or infinite activation has no finite scale: the block then counts as zero
+        // (the caller's logits would be meaningless anyway; this keeps them finite).
+        if _mm256_movemask_ps(non_finite) != 0 || max <= 0.0 {
+            out.qs = [0; BLOCK];
+            out.d = 0.0;
+            out.sum32_pairs = [0; 4];
+            out.sum16_pairs = [0; 8];
+            return;
+        }
+        let inverse = _mm256_set1_ps(127.0 / max);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let ones = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        // Sums of 16 values (at most 16 · 127: within i16).
+        let mut sums16 = [0i32; 16];
+        for sub in 0..8 {
+            // SAFETY: the sub-block's 32 values, 8 at a time.
+            let [a, b, c, d] = std::array::from_fn(|j| unsafe {
+                _mm256_cvtps_epi32(_mm256_mul_ps(
+                    _mm256_loadu_ps(x.as_ptr().add(32 * sub + 8 * j)),
+                    inverse,
+                ))
+            });
+            let packed = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)),
+                order,
+            );
+            // SAFETY: 32 of the 256 bytes.
+            unsafe {
+                _mm256_storeu_si256(out.qs.as_mut_ptr().add(32 * sub) as *mut __m256i, packed)
+            };
+            let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, packed), ones16);
+            // Lane i: the sum of values 4i..4i + 4 of the sub-block.
+            let mut s = [0i32; 8];
+            // SAFETY: 8 i32.
+            unsafe { _mm256_storeu_si256(s.as_mut_ptr() as *mut __m256i, sums) };
+            sums16[2 * sub] = s[..4].iter().sum();
+            sums16[2 * sub + 1] = s[4..].iter().sum();
+        }
+        out.d = max / 127.0;
+        let pack =
+            |lo: i32, hi: i32| (lo as i16 as u16 as u32 | ((hi as i16 as u16 as u32) << 16)) as i32;
+        for pair in 0..4 {
+            let sum32 = |sub: usize| sums16[2 * sub] + sums16[2 * sub + 1];
+            out.sum32_pairs[pair] = pack(sum32(2 * pair), sum32(2 * pair + 1));
+        }
+        for pair in 0..8 {
+            out.sum16_pairs[pair] = pack(sums16[2 * pair], sums16[2 * pair + 1]);
+        }
+    }
+}
+
+/// Never reached off x86-64 ([`supported_here`] is false there, so nothing is packed).
+#[cfg(not(target_arch = "x86_64"))]
+mod kernels {
+    use super::{ActivationBlock, ROWS_PER_UNIT, TILE_ROWS};
+
+    pub(super) fn tile_column<T>(
+        _: &[T],
+        _: &[ActivationBlock],
+        _: usize,
+        _: &mut [[f32; TILE_ROWS]; ROWS_PER_UNIT],
+    ) {
+        unreachable!("no PackedKQuant exists off x86-64")
+    }
+
+    pub(super) fn quantize_block(_: &[f32], _: &mut ActivationBlock) {
+        unreachable!("no PackedKQuant exists off x86-64")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Module};
+
+    const TYPES: [GgmlDType; 2] = [GgmlDType::Q4K, GgmlDType::Q6K];
+
+    /// Deterministic values in `[-1, 1)` with a spread of magnitudes per block.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (0..n)
+            .map(|i| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                // Some sub-blocks much larger than others, so scales and mins differ.
+                u * (1.0 + (i / 32 % 5) as f32)
+            })
+            .collect()
+    }
+
+    fn quantized(dtype: GgmlDType, out_dim: usize, in_dim: usize, seed: u64) -> Result<QTensor> {
+        let w = Tensor::from_vec(
+            values(out_dim * in_dim, seed),
+            (out_dim, in_dim),
+            &Device::Cpu,
+        )?;
+        QTensor::quantize(&w, dtype)
+    }
+
+    /// The weight value of `row`, column `col` as the tiles store it.
+    fn tile_value(p: &PackedKQuant, row: usize, col: usize) -> f32 {
+        let blocks = p.in_dim / BLOCK;
+        let at = row / TILE_ROWS * blocks + col / BLOCK;
+        let (r, v) = (row % TILE_ROWS, col % BLOCK);
+        let nibble = |bytes: &[u8]| {
+            let byte = bytes[(v / 8 * TILE_ROWS + r) * 4 + v % 4];
+            if v % 8 < 4 { byte & 0x0F } else { byte >> 4 }
+        };
+        match &p.tiles {
+            Tiles::Q4K(tiles) => {
+                let tile = &tiles[at];
+                let sub = v / 32;
+                tile.d[r] * tile.scales[sub][r] as f32 * nibble(&tile.qs) as f32
+                    - tile.dmin[r] * tile.mins[sub / 2][r * 2 + sub % 2] as f32
+            }
+            Tiles::Q6K(tiles) => {
+                let tile = &tiles[at];
+                let group = v / 16;
+                let (i, j) = (v % 16 / 4, v % 4);
+                let high = (tile.high[(group * TILE_ROWS + r) * 4 + j] >> (2 * i)) & 3;
+                let q = (nibble(&tile.low) | (high << 4)) as f32 - 32.0;
+                tile.d[r] * tile.scales[group][r] as f32 * q
+            }
+        }
+    }
+
+    #[test]
+    fn the_tiles_hold_the_files_weights() -> Result<()> {
+        if !supported_here() {
+            return Ok(()); // nothing to check on a CPU without AVX2 and FMA
+        }
+        for dtype in TYPES {
+            let (out_dim, in_dim) = (32, 512);
+            let q = quantized(dtype, out_dim, in_dim, 1)?;
+            let dense = q.dequantize(&Device::Cpu)?.to_vec2::<f32>()?;
+            let packed = PackedKQuant::pack(&q)?.expect("a K-quant matrix of a tiled shape");
+            for (row, values) in dense.iter().enumerate() {
+                for (col, &want) in values.iter().enumerate() {
+                    let got = tile_value(&packed, row, col);
+                    assert!(
+                        (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                        "{dtype:?} row {row} col {col}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row count a unit can hold (1–4) and several units: the products are exactly (up to
+    /// f32 rounding) the dequantized weights times the 8-bit activations, and close to the f32
+    /// product and to candle's own kernels.
+    #[test]
+    fn products_match_the_dequantized_weights() -> Result<()> {
+        if !supported_here() {
+            return Ok(());
+        }
+        for dtype in TYPES {
+            let (out_dim, in_dim) = (48, 768);
+            let q = quantized(dtype, out_dim, in_dim, 2)?;
+            let packed = PackedKQuant::pack(&q)?.expect("a K-quant matrix of a tiled shape");
+            let dense = q.dequantize(&Device::Cpu)?;
+            let candle = candle_core::quantized::QMatMul::from_qtensor(q)?;
+            for rows in [1, 2, 3, 4, 5, 9] {
+                let x = Tensor::from_vec(
+                    values(rows * in_dim, 10 + rows as u64),
+                    (1, rows, in_dim),
+                    &Device::Cpu,
+                )?;
+                let got = packed.forward(&x)?;
+                assert_eq!(got.dims(), &[1, rows, out_dim]);
+                let max_diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
+                    (a - b)?.abs()?.max_all()?.to_scalar::<f32>()
+                };
+                // The activations as the kernel sees them: d · q per block.
+                let flat = x.flatten_all()?.to_vec1::<f32>()?;
+                let seen: Vec<f32> = quantize_rows(&flat, rows, in_dim)
+                    .iter()
+                    .flat_map(|b| b.qs.map(|q| b.d * q as f32))
+                    .collect();
+                let seen = Tensor::from_vec(seen, (1, rows, in_dim), &Device::Cpu)?;
+                let exact = seen.broadcast_matmul(&dense.t()?)?;
+                let scale = exact.abs()?.max_all()?.to_scalar::<f32>()?;
+                let diff = max_diff(&got, &exact)?;
+                assert!(
+                    diff <= 1e-5 * scale,
+                    "{dtype:?}, {rows} rows: max diff {diff} (scale {scale})"
+                );
+                // Against f32 activations and against candle's kernel (which quantizes
+                // activations to 8 bits too): within the activations' rounding, ~1 % of the
+                // scale.
+                let diff = max_diff(&got, &x.broadcast_matmul(&dense.t()?)?)?;
+                assert!(
+                    diff <= 0.02 * scale,
+                    "{dtype:?}, {rows} rows vs f32: {diff}"
+                );
+                let diff = max_diff(&got, &candle.forward(&x)?)?;
+                assert!(
+                    diff <= 0.02 * scale,
+                    "{dtype:?}, {rows} rows vs candle: {diff}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A zero block and a non-finite block quantize to zero (no NaN spreads into other rows).
+    #[test]
+    fn zero_and_non_finite_activation_blocks_give_finite_products() -> Result<()> {
+        if !supported_here() {
+            return Ok(());
+        }
+        for dtype in TYPES {
+            let (out_dim, in_dim) = (16, 512);
+            let q = quantized(dtype, out_dim, in_dim, 3)?;
+            let packed = PackedKQuant::pack(&q)?.expect("a K-quant matrix of a tiled shape");
+            let mut x = values(2 * in_dim, 4);
+            x[..BLOCK].fill(0.0);
+            x[in_dim + 3] = f32::NAN;
+            let got = packed.forward(&Tensor::from_vec(x, (2, in_dim), &Device::Cpu)?)?;
+            let got = got.flatten_all()?.to_vec1::<f32>()?;
+            assert!(got.iter().all(|v| v.is_finite()), "{dtype:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn other_types_and_shapes_are_not_packed() -> Result<()> {
+        let q8 = quantized(GgmlDType::Q8_0, 16, 512, 5)?;
+        assert!(PackedKQuant::pack(&q8)?.is_none());
+        for dtype in TYPES {
+            assert!(PackedKQuant::pack(&quantized(dtype, 8, 512, 6)?)?.is_none());
+        }
+        Ok(())
+    }
+}
