@@ -335,7 +335,9 @@ fn cli_bench(what: &str, python: &Path, extra: &[String]) -> Result<()> {
 }
 
 /// The reference venv plus llama-cpp-python, built from source with explicit CPU flags: the
-/// default build (native flags; this CPU reports AVX-512 and AMX) segfaults here.
+/// default build (native flags) segfaulted on an Intel dev machine reporting AVX-512 and AMX.
+/// AVX-512 is enabled only where the CPU has it (an AVX2-only CPU would stop on an illegal
+/// instruction), AMX never.
 fn reference_llama_python(root: &Path) -> Result<PathBuf> {
     let python = reference_python(root)?;
     let has_llama = Command::new(&python)
@@ -348,10 +350,24 @@ fn reference_llama_python(root: &Path) -> Result<PathBuf> {
             .args(["-m", "pip", "install", "--quiet", "--no-cache-dir", "llama-cpp-python==0.3.36", "numpy", "diskcache", "jinja2"])
             .env(
                 "CMAKE_ARGS",
-                "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF",
+                format!(
+                    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512={} -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF",
+                    if cpu_has_avx512() { "ON" } else { "OFF" }
+                ),
             ))?;
     }
     Ok(python)
+}
+
+fn cpu_has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 fn bench_llm(root: &Path, extra: &[String]) -> Result<()> {
