@@ -130,12 +130,18 @@ const DENSE_MIN_ROWS: usize = 64;
 
 /// A quantized weight matrix `(out, in)` applied as `x · Wᵀ` (see [`DENSE_MIN_ROWS`]).
 struct Linear {
-    matmul: QMatMul,
+    product: Product,
     /// The quantized weight, kept where prompt chunks multiply a dense copy of it.
     dense_prefill: Option<Arc<QTensor>>,
-    /// A Q4_K or Q6_K weight repacked for AVX2 CPUs without VNNI, which multiplies in its place
-    /// (see [`PackedKQuant`]).
-    packed: Option<PackedKQuant>,
+}
+
+/// What multiplies a [`Linear`]'s weight.
+enum Product {
+    /// candle's kernels (quantized, or a dense copy for [`LlmWeights::F32`] / `F16`).
+    Candle(QMatMul),
+    /// A Q4_K or Q6_K weight repacked for AVX2 CPUs without VNNI (see [`PackedKQuant`]); the
+    /// file's blocks are not kept beside it.
+    Packed(PackedKQuant),
 }
 
 impl Linear {
@@ -146,26 +152,27 @@ impl Linear {
             weight.device().is_cpu() && dense_prefill_is_faster(weight.dtype(), n, k);
         let device = weight.device();
         Ok(match format {
-            LlmWeights::Quantized => {
-                let packed = PackedKQuant::for_cpu(&weight)?;
+            LlmWeights::Quantized => match PackedKQuant::for_cpu(&weight)? {
                 // Packed weights multiply prompt chunks faster than a dense copy (measured).
-                let dense_prefill = dense_prefill && packed.is_none();
-                let weight = Arc::new(weight);
-                Linear {
-                    matmul: QMatMul::from_arc(weight.clone())?,
-                    dense_prefill: dense_prefill.then_some(weight),
-                    packed,
+                Some(packed) => Linear {
+                    product: Product::Packed(packed),
+                    dense_prefill: None,
+                },
+                None => {
+                    let weight = Arc::new(weight);
+                    Linear {
+                        product: Product::Candle(QMatMul::from_arc(weight.clone())?),
+                        dense_prefill: dense_prefill.then_some(weight),
+                    }
                 }
-            }
+            },
             LlmWeights::F32 => Linear {
-                matmul: QMatMul::Tensor(weight.dequantize(&device)?),
+                product: Product::Candle(QMatMul::Tensor(weight.dequantize(&device)?)),
                 dense_prefill: None,
-                packed: None,
             },
             LlmWeights::F16 => Linear {
-                matmul: QMatMul::TensorF16(weight.dequantize_f16(&device)?),
+                product: Product::Candle(QMatMul::TensorF16(weight.dequantize_f16(&device)?)),
                 dense_prefill: None,
-                packed: None,
             },
         })
     }
@@ -176,9 +183,9 @@ impl Linear {
             Some(weight) if rows >= DENSE_MIN_ROWS => {
                 QMatMul::Tensor(weight.dequantize(x.device())?).forward(x)
             }
-            _ => match &self.packed {
-                Some(packed) => packed.forward(x),
-                None => self.matmul.forward(x),
+            _ => match &self.product {
+                Product::Packed(packed) => packed.forward(x),
+                Product::Candle(matmul) => matmul.forward(x),
             },
         }
     }
@@ -905,9 +912,8 @@ mod tests {
         let w = Tensor::from_vec(w, (out_dim, in_dim), &dev)?;
         let q = Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0)?);
         let linear = Linear {
-            matmul: QMatMul::from_arc(q.clone())?,
+            product: Product::Candle(QMatMul::from_arc(q.clone())?),
             dense_prefill: Some(q),
-            packed: None,
         };
         let x: Vec<f32> = (0..DENSE_MIN_ROWS * in_dim)
             .map(|i| ((i * 104_729 % 997) as f32 / 498.5) - 1.0)

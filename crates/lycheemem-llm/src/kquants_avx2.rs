@@ -161,7 +161,11 @@ impl PackedKQuant {
             return Ok(None);
         }
         let (out_dim, in_dim) = weight.shape().dims2()?;
-        if out_dim == 0 || !out_dim.is_multiple_of(TILE_ROWS) || !in_dim.is_multiple_of(BLOCK) {
+        if out_dim == 0
+            || in_dim == 0
+            || !out_dim.is_multiple_of(TILE_ROWS)
+            || !in_dim.is_multiple_of(BLOCK)
+        {
             return Ok(None);
         }
         let data = weight.data()?;
@@ -232,7 +236,8 @@ impl PackedKQuant {
     /// `out (rows, out) = input (rows, in) · Wᵀ`.
     fn multiply(&self, input: &[f32], rows: usize, out: &mut [f32]) {
         let blocks_per_row = self.in_dim / BLOCK;
-        let activations = quantize_rows(input, rows, self.in_dim);
+        // SAFETY: a `PackedKQuant` exists only where the CPU has AVX2 and FMA (`pack`).
+        let activations = unsafe { quantize_rows(input, rows, self.in_dim) };
         let row_units = rows.div_ceil(ROWS_PER_UNIT);
         let units = self.out_dim / TILE_ROWS * row_units;
         let out_ptr = out.as_mut_ptr() as usize;
@@ -246,12 +251,15 @@ impl PackedKQuant {
                 let acts = &activations[first * blocks_per_row..][..count * blocks_per_row];
                 let mut sums = [[0f32; TILE_ROWS]; ROWS_PER_UNIT];
                 let column = tile_row * blocks_per_row..(tile_row + 1) * blocks_per_row;
-                match &self.tiles {
-                    Tiles::Q4K(tiles) => {
-                        kernels::tile_column(&tiles[column], acts, count, &mut sums)
-                    }
-                    Tiles::Q6K(tiles) => {
-                        kernels::tile_column(&tiles[column], acts, count, &mut sums)
+                // SAFETY: as for `quantize_rows` above.
+                unsafe {
+                    match &self.tiles {
+                        Tiles::Q4K(tiles) => {
+                            kernels::tile_column(&tiles[column], acts, count, &mut sums)
+                        }
+                        Tiles::Q6K(tiles) => {
+                            kernels::tile_column(&tiles[column], acts, count, &mut sums)
+                        }
                     }
                 }
                 for (i, row_sums) in sums[..count].iter().enumerate() {
@@ -338,7 +346,10 @@ fn pack_q6k<'a>(block: impl Fn(usize) -> &'a [u8]) -> TileQ6K {
 }
 
 /// `rows` rows of `cols` values as [`ActivationBlock`]s, row-major.
-fn quantize_rows(input: &[f32], rows: usize, cols: usize) -> Vec<ActivationBlock> {
+///
+/// # Safety
+/// The CPU has AVX2 and FMA ([`supported_here`]).
+unsafe fn quantize_rows(input: &[f32], rows: usize, cols: usize) -> Vec<ActivationBlock> {
     let per_row = cols / BLOCK;
     let mut blocks = vec![
         ActivationBlock {
@@ -351,7 +362,8 @@ fn quantize_rows(input: &[f32], rows: usize, cols: usize) -> Vec<ActivationBlock
     ];
     let fill = |range: std::ops::Range<usize>, blocks: &mut [ActivationBlock]| {
         for (i, block) in range.zip(blocks.iter_mut()) {
-            kernels::quantize_block(&input[i * BLOCK..][..BLOCK], block);
+            // SAFETY: this function's precondition.
+            unsafe { kernels::quantize_block(&input[i * BLOCK..][..BLOCK], block) };
         }
     };
     if rows == 1 {
@@ -373,8 +385,8 @@ fn quantize_rows(input: &[f32], rows: usize, cols: usize) -> Vec<ActivationBlock
     blocks
 }
 
-/// The AVX2 kernels. Callers reach them only after [`supported_here`] (every constructor of
-/// [`PackedKQuant`] checks it), so the `unsafe` calls into `#[target_feature]` code are sound.
+/// The AVX2 kernels: `unsafe` to call, the precondition being that the CPU has AVX2 and FMA
+/// ([`supported_here`], which every constructor of [`PackedKQuant`] checks).
 #[cfg(target_arch = "x86_64")]
 mod kernels {
     use super::{ActivationBlock, BLOCK, ROWS_PER_UNIT, TILE_ROWS, TileQ4K, TileQ6K};
@@ -415,13 +427,16 @@ mod kernels {
     }
 
     /// `sums[i][r] = Σ_b acts[i · blocks + b] · tiles[b] row r` for the first `count` rows.
-    pub(super) fn tile_column<T: Tile>(
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    pub(super) unsafe fn tile_column<T: Tile>(
         tiles: &[T],
         acts: &[ActivationBlock],
         count: usize,
         sums: &mut [[f32; TILE_ROWS]; ROWS_PER_UNIT],
     ) {
-        // SAFETY: AVX2 and FMA are present (module documentation).
+        // SAFETY: this function's precondition.
         unsafe {
             match count {
                 1 => column::<T, 1>(tiles, acts, sums),
@@ -650,8 +665,11 @@ mod kernels {
 
     /// `x` (256 values) as `d · q` with `q` in `-127..=127` rounded to nearest (ties to even),
     /// and its sub-block sums.
-    pub(super) fn quantize_block(x: &[f32], out: &mut ActivationBlock) {
-        // SAFETY: AVX2 and FMA are present (module documentation).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    pub(super) unsafe fn quantize_block(x: &[f32], out: &mut ActivationBlock) {
+        // SAFETY: this function's precondition.
         unsafe { quantize_block_avx2(x, out) }
     }
 
@@ -674,8 +692,9 @@ mod kernels {
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
         let max = lanes.iter().fold(0f32, |a, &b| a.max(b));
         // A NaN or infinite activation has no finite scale: the block then counts as zero
-        // (the caller's logits would be meaningless anyway; this keeps them finite).
-        if _mm256_movemask_ps(non_finite) != 0 || max <= 0.0 {
+        // (the caller's logits would be meaningless anyway; this keeps them finite). So does a
+        // block too small for a finite inverse scale (|x| < 3.7e-37 throughout).
+        if _mm256_movemask_ps(non_finite) != 0 || !(127.0 / max).is_finite() {
             out.qs = [0; BLOCK];
             out.d = 0.0;
             out.sum32_pairs = [0; 4];
@@ -730,7 +749,7 @@ mod kernels {
 mod kernels {
     use super::{ActivationBlock, ROWS_PER_UNIT, TILE_ROWS};
 
-    pub(super) fn tile_column<T>(
+    pub(super) unsafe fn tile_column<T>(
         _: &[T],
         _: &[ActivationBlock],
         _: usize,
@@ -739,7 +758,7 @@ mod kernels {
         unreachable!("no PackedKQuant exists off x86-64")
     }
 
-    pub(super) fn quantize_block(_: &[f32], _: &mut ActivationBlock) {
+    pub(super) unsafe fn quantize_block(_: &[f32], _: &mut ActivationBlock) {
         unreachable!("no PackedKQuant exists off x86-64")
     }
 }
@@ -852,7 +871,8 @@ mod tests {
                 };
                 // The activations as the kernel sees them: d · q per block.
                 let flat = x.flatten_all()?.to_vec1::<f32>()?;
-                let seen: Vec<f32> = quantize_rows(&flat, rows, in_dim)
+                // SAFETY: checked by `supported_here` above.
+                let seen: Vec<f32> = unsafe { quantize_rows(&flat, rows, in_dim) }
                     .iter()
                     .flat_map(|b| b.qs.map(|q| b.d * q as f32))
                     .collect();
@@ -900,6 +920,34 @@ mod tests {
             assert!(got.iter().all(|v| v.is_finite()), "{dtype:?}");
         }
         Ok(())
+    }
+
+    /// Activations stay within `-127..=127` whatever their magnitude, including blocks too
+    /// small for a finite inverse scale (which count as zero).
+    #[test]
+    fn activations_stay_within_127() {
+        if !supported_here() {
+            return;
+        }
+        for magnitude in [1e-38f32, 1e-30, 1.0, 3e38] {
+            let x: Vec<f32> = values(BLOCK, 7)
+                .iter()
+                .map(|v| v * (magnitude / 5.0))
+                .collect();
+            // SAFETY: checked by `supported_here` above.
+            let block = &unsafe { quantize_rows(&x, 1, BLOCK) }[0];
+            assert!(block.qs.iter().all(|&q| q != i8::MIN), "{magnitude}");
+            assert!(block.d.is_finite(), "{magnitude}");
+            if magnitude < 1e-36 {
+                assert_eq!(block.d, 0.0);
+                assert!(block.qs.iter().all(|&q| q == 0));
+            } else {
+                assert!(
+                    block.qs.iter().any(|&q| q.unsigned_abs() == 127),
+                    "{magnitude}"
+                );
+            }
+        }
     }
 
     #[test]
