@@ -212,7 +212,7 @@ fn dense_prefill_is_faster(dtype: GgmlDType, n: usize, k: usize) -> bool {
                 && n.is_multiple_of(16);
             return !repacked;
         }
-        has!("avx2") && has!("fma") && !has!("avxvnni")
+        crate::kquants_avx2::preferred_here()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -183,20 +183,11 @@ impl PackedKQuant {
             let at = ((t * TILE_ROWS + r) * blocks_per_row + b) * block_bytes;
             &data[at..at + block_bytes]
         };
-        let tile_rows = out_dim / TILE_ROWS;
+        // Tiles in `[out / 16][in / 256]` order.
+        let at = || (0..out_dim / TILE_ROWS).flat_map(|t| (0..blocks_per_row).map(move |b| (t, b)));
         let tiles = match weight.dtype() {
-            GgmlDType::Q4K => Tiles::Q4K(
-                (0..tile_rows)
-                    .flat_map(|t| (0..blocks_per_row).map(move |b| (t, b)))
-                    .map(|(t, b)| pack_q4k(|r| block(t, r, b)))
-                    .collect(),
-            ),
-            _ => Tiles::Q6K(
-                (0..tile_rows)
-                    .flat_map(|t| (0..blocks_per_row).map(move |b| (t, b)))
-                    .map(|(t, b)| pack_q6k(|r| block(t, r, b)))
-                    .collect(),
-            ),
+            GgmlDType::Q4K => Tiles::Q4K(at().map(|(t, b)| pack_q4k(|r| block(t, r, b))).collect()),
+            _ => Tiles::Q6K(at().map(|(t, b)| pack_q6k(|r| block(t, r, b))).collect()),
         };
         Ok(Some(PackedKQuant {
             out_dim,
@@ -222,7 +213,7 @@ impl PackedKQuant {
         {
             let (storage, layout) = x.storage_and_layout();
             let Storage::Cpu(cpu) = &*storage else {
-                candle_core::bail!("the repacked Q4_K path runs on the CPU only")
+                candle_core::bail!("the repacked K-quant path runs on the CPU only")
             };
             let start = layout.start_offset();
             let input = &cpu.as_slice::<f32>()?[start..start + rows * self.in_dim];
@@ -298,18 +289,26 @@ fn pack_q4k<'a>(block: impl Fn(usize) -> &'a [u8]) -> TileQ4K {
         // The file's 4-bit values: 32-byte chunk `c` holds values `64c + j` in its low nibbles
         // and `64c + 32 + j` in its high nibbles.
         let qs = &block[16..];
-        let value = |v: usize| {
+        pack_nibble_pairs(&mut tile.qs, r, |v| {
             let byte = qs[v / 64 * 32 + v % 32];
             if v % 64 < 32 { byte & 0x0F } else { byte >> 4 }
-        };
-        for g in 0..BLOCK / 8 {
-            for j in 0..4 {
-                tile.qs[(g * TILE_ROWS + r) * 4 + j] =
-                    value(8 * g + j) | (value(8 * g + j + 4) << 4);
-            }
-        }
+        });
     }
     tile
+}
+
+/// Row `r` of a tile's 4-bit values (`value(v)`, `v` in `0..256`, below 16) in the
+/// `[group of 8 values][row][4 bytes]` layout of [`TileQ4K::qs`].
+fn pack_nibble_pairs(
+    dst: &mut [u8; BLOCK / 8 * TILE_ROWS * 4],
+    r: usize,
+    value: impl Fn(usize) -> u8,
+) {
+    for g in 0..BLOCK / 8 {
+        for j in 0..4 {
+            dst[(g * TILE_ROWS + r) * 4 + j] = value(8 * g + j) | (value(8 * g + j + 4) << 4);
+        }
+    }
 }
 
 /// One Q6_K tile from its 16 rows' file blocks (`block(r)`: row `r`'s 210 bytes).
@@ -328,12 +327,7 @@ fn pack_q6k<'a>(block: impl Fn(usize) -> &'a [u8]) -> TileQ6K {
         }
         tile.d[r] = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
         let value = |v: usize| q6k_value(ql, qh, v);
-        for g in 0..BLOCK / 8 {
-            for j in 0..4 {
-                tile.low[(g * TILE_ROWS + r) * 4 + j] =
-                    (value(8 * g + j) & 0x0F) | ((value(8 * g + j + 4) & 0x0F) << 4);
-            }
-        }
+        pack_nibble_pairs(&mut tile.low, r, |v| value(v) & 0x0F);
         for g in 0..BLOCK / 16 {
             for j in 0..4 {
                 tile.high[(g * TILE_ROWS + r) * 4 + j] = (0..4).fold(0, |byte, i| {
@@ -794,6 +788,18 @@ mod tests {
         QTensor::quantize(&w, dtype)
     }
 
+    /// A quantized test matrix and its tiles.
+    fn packed(
+        dtype: GgmlDType,
+        out_dim: usize,
+        in_dim: usize,
+        seed: u64,
+    ) -> Result<(QTensor, PackedKQuant)> {
+        let q = quantized(dtype, out_dim, in_dim, seed)?;
+        let packed = PackedKQuant::pack(&q)?.expect("a K-quant matrix of a tiled shape");
+        Ok((q, packed))
+    }
+
     /// The weight value of `row`, column `col` as the tiles store it.
     fn tile_value(p: &PackedKQuant, row: usize, col: usize) -> f32 {
         let blocks = p.in_dim / BLOCK;
@@ -827,10 +833,8 @@ mod tests {
             return Ok(()); // nothing to check on a CPU without AVX2 and FMA
         }
         for dtype in TYPES {
-            let (out_dim, in_dim) = (32, 512);
-            let q = quantized(dtype, out_dim, in_dim, 1)?;
+            let (q, packed) = packed(dtype, 32, 512, 1)?;
             let dense = q.dequantize(&Device::Cpu)?.to_vec2::<f32>()?;
-            let packed = PackedKQuant::pack(&q)?.expect("a K-quant matrix of a tiled shape");
             for (row, values) in dense.iter().enumerate() {
                 for (col, &want) in values.iter().enumerate() {
                     let got = tile_value(&packed, row, col);
@@ -854,8 +858,7 @@ mod tests {
         }
         for dtype in TYPES {
             let (out_dim, in_dim) = (48, 768);
-            let q = quantized(dtype, out_dim, in_dim, 2)?;
-            let packed = PackedKQuant::pack(&q)?.expect("a K-quant matrix of a tiled shape");
+            let (q, packed) = packed(dtype, out_dim, in_dim, 2)?;
             let dense = q.dequantize(&Device::Cpu)?;
             let candle = candle_core::quantized::QMatMul::from_qtensor(q)?;
             for rows in [1, 2, 3, 4, 5, 9] {
@@ -909,9 +912,8 @@ mod tests {
             return Ok(());
         }
         for dtype in TYPES {
-            let (out_dim, in_dim) = (16, 512);
-            let q = quantized(dtype, out_dim, in_dim, 3)?;
-            let packed = PackedKQuant::pack(&q)?.expect("a K-quant matrix of a tiled shape");
+            let in_dim = 512;
+            let (_, packed) = packed(dtype, 16, in_dim, 3)?;
             let mut x = values(2 * in_dim, 4);
             x[..BLOCK].fill(0.0);
             x[in_dim + 3] = f32::NAN;
