@@ -8,7 +8,7 @@
 //! weights), and in reading both architectures through one configuration.
 
 use crate::attention;
-use crate::kquants_avx2::PackedKQuant;
+use crate::packed_quants_avx2::PackedQuant;
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor, gguf_file};
 use candle_core::{D, DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
@@ -139,26 +139,31 @@ struct Linear {
 enum Product {
     /// candle's kernels (quantized, or a dense copy for [`LlmWeights::F32`] / `F16`).
     Candle(QMatMul),
-    /// A Q4_K or Q6_K weight repacked for AVX2 CPUs without VNNI (see [`PackedKQuant`]); the
-    /// file's blocks are not kept beside it.
-    Packed(PackedKQuant),
+    /// A Q4_K, Q6_K, Q4_1, Q5_0 or Q8_0 weight repacked for AVX2 CPUs without VNNI (see
+    /// [`PackedQuant`]); the file's blocks are not kept beside it.
+    Packed(PackedQuant),
 }
 
 impl Linear {
+    /// The product for a weight as the file stores it: quantized weights keep the file's blocks
+    /// where this CPU packs them, and otherwise take candle's fastest kernel; dense copies hold
+    /// the file's own values.
     fn new(weight: QTensor, format: LlmWeights) -> Result<Self> {
-        let (n, k) = weight.shape().dims2()?;
-        // The dense path is a CPU measurement; candle's CUDA kernels choose their own path.
-        let dense_prefill =
-            weight.device().is_cpu() && dense_prefill_is_faster(weight.dtype(), n, k);
         let device = weight.device();
         Ok(match format {
-            LlmWeights::Quantized => match PackedKQuant::for_cpu(&weight)? {
+            LlmWeights::Quantized => match PackedQuant::for_cpu(&weight)? {
                 // Packed weights multiply prompt chunks faster than a dense copy (measured).
                 Some(packed) => Linear {
                     product: Product::Packed(packed),
                     dense_prefill: None,
                 },
                 None => {
+                    let weight = with_fast_kernel(weight, &device)?;
+                    let (n, k) = weight.shape().dims2()?;
+                    // The dense path is a CPU measurement; candle's CUDA kernels choose their
+                    // own path.
+                    let dense_prefill =
+                        device.is_cpu() && dense_prefill_is_faster(weight.dtype(), n, k);
                     let weight = Arc::new(weight);
                     Linear {
                         product: Product::Candle(QMatMul::from_arc(weight.clone())?),
@@ -197,11 +202,13 @@ impl Linear {
 /// through its generic quantized kernels, which the dense path beats. Measured with `lycheemem
 /// bench llm` on the 2-core dev machine (AVX-512-VNNI), prefill tok/s quantized → dense:
 /// Qwen2.5-0.5B (896-wide rows) 65 → 212; SmolLM2-135M (576-wide) 160 → 405; Qwen2.5-1.5B
-/// (1536-wide, repacked kernels) 78 → 56. On x86-64 with AVX2 and FMA but no VNNI, the weights
-/// candle would tile are packed by [`PackedKQuant`] instead (the caller keeps those quantized)
-/// and every other weight goes through candle's generic kernels; measured on an AMD EPYC (AVX2),
-/// 1,000-token prompts, quantized → dense: SmolLM2-135M 77.7 → 350.5 tok/s, Qwen2.5-0.5B
-/// 43.3 → 119.9. Only used where measured: AVX-512-VNNI, and AVX2 without any VNNI.
+/// (1536-wide, repacked kernels) 78 → 56. On x86-64 with AVX2 and FMA but no VNNI, Q4_K, Q6_K,
+/// Q4_1, Q5_0 and Q8_0 weights are packed by [`PackedQuant`] instead (the caller keeps those
+/// quantized: their tiles beat the dense copy, SmolLM2-135M 290 → 392–472 tok/s and
+/// Qwen2.5-0.5B 135–140 → 160–222 on an AMD EPYC, 1,000-token prompts) and every other weight
+/// goes through candle's generic kernels; measured there before the 32-value formats were
+/// packed, quantized → dense: SmolLM2-135M 77.7 → 350.5 tok/s, Qwen2.5-0.5B 43.3 → 119.9. Only
+/// used where measured: AVX-512-VNNI, and AVX2 without any VNNI.
 fn dense_prefill_is_faster(dtype: GgmlDType, n: usize, k: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -212,7 +219,7 @@ fn dense_prefill_is_faster(dtype: GgmlDType, n: usize, k: usize) -> bool {
                 && n.is_multiple_of(16);
             return !repacked;
         }
-        crate::kquants_avx2::preferred_here()
+        crate::packed_quants_avx2::preferred_here()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -356,13 +363,7 @@ impl Decoder {
     ) -> Result<Self> {
         let cfg = DecoderConfig::from_gguf(ct)?;
         let qt = |reader: &mut R, name: &str| ct.tensor(reader, name, device);
-        let matmul = |q: QTensor| -> Result<Linear> {
-            match weights {
-                LlmWeights::Quantized => Linear::new(with_fast_kernel(q, device)?, weights),
-                // Dense copies of the file's own values (no Q8_0 detour).
-                LlmWeights::F16 | LlmWeights::F32 => Linear::new(q, weights),
-            }
-        };
+        let matmul = |q: QTensor| Linear::new(q, weights);
         let embed_q = qt(reader, "token_embd.weight")?;
         let embed = Embedding::new(embed_q.dequantize(device)?, cfg.n_embd);
         let output = match qt(reader, "output.weight") {

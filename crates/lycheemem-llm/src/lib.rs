@@ -19,7 +19,30 @@ mod chat_template;
 mod constrained;
 mod decoder;
 mod gguf_tokenizer;
-mod kquants_avx2;
+#[cfg(target_arch = "x86_64")]
+mod packed_quants_avx2;
+/// Off x86-64 nothing is packed: candle's kernels run.
+#[cfg(not(target_arch = "x86_64"))]
+mod packed_quants_avx2 {
+    use candle_core::quantized::QTensor;
+    use candle_core::{Result, Tensor};
+
+    pub(crate) enum PackedQuant {}
+
+    impl PackedQuant {
+        pub(crate) fn for_cpu(_: &QTensor) -> Result<Option<Self>> {
+            Ok(None)
+        }
+
+        pub(crate) fn forward(&self, _: &Tensor) -> Result<Tensor> {
+            match *self {}
+        }
+    }
+
+    pub(crate) fn preferred_here() -> bool {
+        false
+    }
+}
 mod local;
 mod metering;
 mod remote;
