@@ -151,26 +151,31 @@ impl Linear {
     fn new(weight: QTensor, format: LlmWeights) -> Result<Self> {
         let device = weight.device();
         Ok(match format {
-            LlmWeights::Quantized => match PackedQuant::for_cpu(&weight)? {
+            LlmWeights::Quantized => {
                 // Packed weights multiply prompt chunks faster than a dense copy (measured).
-                Some(packed) => Linear {
+                let packed = |packed| Linear {
                     product: Product::Packed(packed),
                     dense_prefill: None,
-                },
-                None => {
-                    let weight = with_fast_kernel(weight, &device)?;
-                    let (n, k) = weight.shape().dims2()?;
-                    // The dense path is a CPU measurement; candle's CUDA kernels choose their
-                    // own path.
-                    let dense_prefill =
-                        device.is_cpu() && dense_prefill_is_faster(weight.dtype(), n, k);
-                    let weight = Arc::new(weight);
-                    Linear {
-                        product: Product::Candle(QMatMul::from_arc(weight.clone())?),
-                        dense_prefill: dense_prefill.then_some(weight),
-                    }
+                };
+                if let Some(tiles) = PackedQuant::for_cpu(&weight)? {
+                    return Ok(packed(tiles));
                 }
-            },
+                // The re-quantized weight (Q5_1 → Q8_0) may be packed in turn.
+                let weight = with_fast_kernel(weight, &device)?;
+                if let Some(tiles) = PackedQuant::for_cpu(&weight)? {
+                    return Ok(packed(tiles));
+                }
+                let (n, k) = weight.shape().dims2()?;
+                // The dense path is a CPU measurement; candle's CUDA kernels choose their own
+                // path.
+                let dense_prefill =
+                    device.is_cpu() && dense_prefill_is_faster(weight.dtype(), n, k);
+                let weight = Arc::new(weight);
+                Linear {
+                    product: Product::Candle(QMatMul::from_arc(weight.clone())?),
+                    dense_prefill: dense_prefill.then_some(weight),
+                }
+            }
             LlmWeights::F32 => Linear {
                 product: Product::Candle(QMatMul::Tensor(weight.dequantize(&device)?)),
                 dense_prefill: None,

@@ -38,10 +38,6 @@ mod packed_quants_avx2 {
             match *self {}
         }
     }
-
-    pub(crate) fn preferred_here() -> bool {
-        false
-    }
 }
 mod local;
 mod metering;

@@ -427,8 +427,8 @@ fn f16_at(block: &[u8], at: usize) -> half::f16 {
     half::f16::from_le_bytes([block[at], block[at + 1]])
 }
 
-/// Row `r` of a tile's 4-bit values (`value(v)`, below 16, for `v` in `0..` 8 values per group)
-/// in the `[group of 8 values][row][4 bytes]` layout of [`TileQ4K::qs`].
+/// Row `r` of a tile's 4-bit values (`value(v)`, below 16, for `v` from 0 to 8 times the number
+/// of groups `dst` holds) in the `[group of 8 values][row][4 bytes]` layout of [`TileQ4K::qs`].
 fn pack_nibble_pairs(dst: &mut [u8], r: usize, value: impl Fn(usize) -> u8) {
     for g in 0..dst.len() / (TILE_ROWS * 4) {
         for j in 0..4 {
@@ -703,8 +703,8 @@ fn q5_0_block<const M: usize>(
     let ones16 = _mm256_set1_epi16(1);
     for h in 0..2 {
         let hb = load32(&tile.high, h * 8 * 4);
-        // Bit `k` of each byte of `hb` moved to bit 4 (the 16-bit shifts move no other byte's
-        // bit into bit 4 for shifts below 5).
+        // Bit `k` of each byte of `hb` moved to bit 4. A 16-bit shift left by at most 4 or right
+        // by at most 3 moves no other byte's bit into bit 4 (a right shift by 4 would).
         let bit = |k: usize| -> __m256i {
             let moved = match k {
                 0 => _mm256_slli_epi16(hb, 4),
@@ -1234,9 +1234,7 @@ mod tests {
         Ok(())
     }
 
-    /// Every row count a unit can hold (1–4) and several units: the products are exactly (up to
-    /// f32 rounding) the dequantized weights times the 8-bit activations, and close to the f32
-    /// product and to candle's own kernels.
+    /// Every packed type: see [`check_products`].
     #[test]
     fn products_match_the_dequantized_weights() -> Result<()> {
         if !supported_here() {
@@ -1244,9 +1242,43 @@ mod tests {
         }
         for dtype in TYPES {
             let (out_dim, in_dim) = (48, 3 * width(dtype) / 2);
-            let (q, packed) = packed(dtype, out_dim, in_dim, 2)?;
-            let dense = q.dequantize(&Device::Cpu)?;
-            let candle = candle_core::quantized::QMatMul::from_qtensor(q)?;
+            check_products(quantized(dtype, out_dim, in_dim, 2)?)?;
+        }
+        Ok(())
+    }
+
+    /// GGUF files may hold Q8_0 values of -128, which candle's quantizer never writes: their
+    /// magnitude (128) still multiplies exactly.
+    #[test]
+    fn q8_0_values_of_minus_128_multiply_exactly() -> Result<()> {
+        if !supported_here() {
+            return Ok(());
+        }
+        let q = quantized(GgmlDType::Q8_0, 32, 576, 8)?;
+        let mut data = q.data()?.into_owned();
+        for block in data.chunks_exact_mut(Q8_0_BLOCK_BYTES) {
+            for value in block[2..].iter_mut().step_by(3) {
+                *value = 0x80;
+            }
+        }
+        let storage = candle_core::quantized::QStorage::from_data(
+            std::borrow::Cow::Owned(data),
+            &Device::Cpu,
+            GgmlDType::Q8_0,
+        )?;
+        check_products(QTensor::new(storage, q.shape().clone())?)
+    }
+
+    /// For every row count a unit can hold (1–4) and several units: the packed product of `q`
+    /// is exactly (up to f32 rounding) its dequantized weights times the 8-bit activations, and
+    /// close to the f32 product and to candle's own kernel.
+    fn check_products(q: QTensor) -> Result<()> {
+        let dtype = q.dtype();
+        let (out_dim, in_dim) = q.shape().dims2()?;
+        let packed = PackedQuant::pack(&q)?.expect("a packed type of a tiled shape");
+        let dense = q.dequantize(&Device::Cpu)?;
+        let candle = candle_core::quantized::QMatMul::from_qtensor(q)?;
+        {
             for rows in [1, 2, 3, 4, 5, 9] {
                 let x = Tensor::from_vec(
                     values(rows * in_dim, 10 + rows as u64),
@@ -1287,7 +1319,8 @@ mod tests {
         Ok(())
     }
 
-    /// A zero block and a non-finite block quantize to zero (no NaN spreads into other rows).
+    /// A zero block and a non-finite block quantize to zero: the products are finite and
+    /// exactly those of the same rows with the non-finite block's values all zero.
     #[test]
     fn zero_and_non_finite_activation_blocks_give_finite_products() -> Result<()> {
         if !supported_here() {
@@ -1295,13 +1328,23 @@ mod tests {
         }
         for dtype in TYPES {
             let in_dim = width(dtype);
+            let block = match dtype {
+                GgmlDType::Q4K | GgmlDType::Q6K => BLOCK,
+                _ => BLOCK32,
+            };
             let (_, packed) = packed(dtype, 16, in_dim, 3)?;
+            let product = |x: Vec<f32>| -> Result<Vec<f32>> {
+                let x = Tensor::from_vec(x, (2, in_dim), &Device::Cpu)?;
+                packed.forward(&x)?.flatten_all()?.to_vec1::<f32>()
+            };
             let mut x = values(2 * in_dim, 4);
             x[..BLOCK].fill(0.0);
+            let mut zeroed = x.clone();
             x[in_dim + 3] = f32::NAN;
-            let got = packed.forward(&Tensor::from_vec(x, (2, in_dim), &Device::Cpu)?)?;
-            let got = got.flatten_all()?.to_vec1::<f32>()?;
+            zeroed[in_dim..in_dim + block].fill(0.0);
+            let got = product(x)?;
             assert!(got.iter().all(|v| v.is_finite()), "{dtype:?}");
+            assert_eq!(got, product(zeroed)?, "{dtype:?}");
         }
         Ok(())
     }
