@@ -627,7 +627,8 @@ impl Decoder {
 
 /// candle has SIMD matmul kernels for Q4_0, Q8_0 and the K-quants but only scalar code for
 /// Q4_1, Q5_0 and Q5_1 (SmolLM2's Q4_1; the many Q5_0 tensors of Qwen2.5-0.5B, whose 896-wide
-/// rows cannot use K-quants). Those are re-quantized once at load time to Q8_0, which is at
+/// rows cannot use K-quants). Where [`PackedQuant`] does not take the file's blocks (other
+/// CPUs, GPUs, Q5_1), those are re-quantized once at load time to Q8_0, which is at
 /// least as precise (8-bit blocks of 32) and 4-10x faster here; memory grows by ~60% for them.
 /// A GPU gets the same Q8_0 weights, so both devices multiply identical weights.
 fn with_fast_kernel(q: QTensor, device: &Device) -> Result<QTensor> {

@@ -165,7 +165,7 @@ impl Activation for ActivationBlock {
     };
     unsafe fn quantize(x: &[f32], out: &mut Self) {
         // SAFETY: this function's precondition.
-        unsafe { quantize_block(x, out) }
+        unsafe { quantize_block_avx2(x, out) }
     }
     #[cfg(test)]
     fn parts(&self) -> (&[i8], f32) {
@@ -182,7 +182,7 @@ impl Activation for ActivationBlock32 {
     };
     unsafe fn quantize(x: &[f32], out: &mut Self) {
         // SAFETY: this function's precondition.
-        unsafe { quantize_block32(x, out) }
+        unsafe { quantize_block32_avx2(x, out) }
     }
     #[cfg(test)]
     fn parts(&self) -> (&[i8], f32) {
@@ -967,26 +967,20 @@ fn q6k_block<const M: usize>(
     }
 }
 
-/// `x` (256 values) as `d · q` with `q` in `-127..=127` rounded to nearest (ties to even),
-/// and its sub-block sums.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-unsafe fn quantize_block(x: &[f32], out: &mut ActivationBlock) {
-    // SAFETY: this function's precondition.
-    unsafe { quantize_block_avx2(x, out) }
-}
-
+/// The largest magnitude of `x` (a multiple of 8 values), or `None` when the block has no
+/// finite scale: a NaN or infinite value (the caller's logits would be meaningless anyway; the
+/// block then counts as zero, which keeps them finite), or values too small for a finite
+/// inverse scale (|x| < 3.7e-37 throughout).
 #[target_feature(enable = "avx2,fma")]
-fn quantize_block_avx2(x: &[f32], out: &mut ActivationBlock) {
-    assert_eq!(x.len(), BLOCK);
+fn block_scale(x: &[f32]) -> Option<f32> {
+    assert!(x.len().is_multiple_of(8));
     let sign = _mm256_set1_ps(-0.0);
     let largest = _mm256_set1_ps(f32::MAX);
     let mut amax = _mm256_setzero_ps();
     let mut non_finite = _mm256_setzero_ps();
-    for i in 0..BLOCK / 8 {
-        // SAFETY: 8 of the 256 values.
-        let v = _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
+    for chunk in x.chunks_exact(8) {
+        // SAFETY: 8 values.
+        let v = _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(chunk.as_ptr()) });
         amax = _mm256_max_ps(amax, v);
         // True for NaN (unordered) and infinities.
         non_finite = _mm256_or_ps(non_finite, _mm256_cmp_ps::<_CMP_NLE_UQ>(v, largest));
@@ -995,34 +989,42 @@ fn quantize_block_avx2(x: &[f32], out: &mut ActivationBlock) {
     // SAFETY: 8 floats.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
     let max = lanes.iter().fold(0f32, |a, &b| a.max(b));
-    // A NaN or infinite activation has no finite scale: the block then counts as zero
-    // (the caller's logits would be meaningless anyway; this keeps them finite). So does a
-    // block too small for a finite inverse scale (|x| < 3.7e-37 throughout).
-    if _mm256_movemask_ps(non_finite) != 0 || !(127.0 / max).is_finite() {
-        out.qs = [0; BLOCK];
-        out.d = 0.0;
-        out.sum32_pairs = [0; 4];
-        out.sum16_pairs = [0; 8];
+    (_mm256_movemask_ps(non_finite) == 0 && (127.0 / max).is_finite()).then_some(max)
+}
+
+/// 32 values times `inverse`, rounded to nearest (ties to even) and saturated to `i8`, in order.
+#[target_feature(enable = "avx2,fma")]
+fn quantize32(x: &[f32], inverse: __m256) -> __m256i {
+    assert_eq!(x.len(), 32);
+    // SAFETY: 8 of the 32 values each.
+    let [a, b, c, d] = std::array::from_fn(|j| unsafe {
+        _mm256_cvtps_epi32(_mm256_mul_ps(
+            _mm256_loadu_ps(x.as_ptr().add(8 * j)),
+            inverse,
+        ))
+    });
+    _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+    )
+}
+
+/// `x` (256 values) as `d · q` with `q` in `-127..=127` rounded to nearest (ties to even),
+/// and its sub-block sums; zero where [`block_scale`] finds no scale.
+#[target_feature(enable = "avx2,fma")]
+fn quantize_block_avx2(x: &[f32], out: &mut ActivationBlock) {
+    assert_eq!(x.len(), BLOCK);
+    let Some(max) = block_scale(x) else {
+        *out = ActivationBlock::ZERO;
         return;
-    }
+    };
     let inverse = _mm256_set1_ps(127.0 / max);
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let ones = _mm256_set1_epi8(1);
     let ones16 = _mm256_set1_epi16(1);
     // Sums of 16 values (at most 16 · 127: within i16).
     let mut sums16 = [0i32; 16];
     for sub in 0..8 {
-        // SAFETY: the sub-block's 32 values, 8 at a time.
-        let [a, b, c, d] = std::array::from_fn(|j| unsafe {
-            _mm256_cvtps_epi32(_mm256_mul_ps(
-                _mm256_loadu_ps(x.as_ptr().add(32 * sub + 8 * j)),
-                inverse,
-            ))
-        });
-        let packed = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)),
-            order,
-        );
+        let packed = quantize32(&x[32 * sub..][..32], inverse);
         // SAFETY: 32 of the 256 bytes.
         unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().add(32 * sub) as *mut __m256i, packed) };
         let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, packed), ones16);
@@ -1046,46 +1048,15 @@ fn quantize_block_avx2(x: &[f32], out: &mut ActivationBlock) {
 }
 
 /// `x` (32 values) as `d · q` with `q` in `-127..=127` rounded to nearest (ties to even), and
-/// the sum of `q`.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-unsafe fn quantize_block32(x: &[f32], out: &mut ActivationBlock32) {
-    // SAFETY: this function's precondition.
-    unsafe { quantize_block32_avx2(x, out) }
-}
-
+/// the sum of `q`; zero where [`block_scale`] finds no scale.
 #[target_feature(enable = "avx2,fma")]
 fn quantize_block32_avx2(x: &[f32], out: &mut ActivationBlock32) {
     assert_eq!(x.len(), BLOCK32);
-    let sign = _mm256_set1_ps(-0.0);
-    let largest = _mm256_set1_ps(f32::MAX);
-    // SAFETY: 8 of the 32 values each.
-    let v: [__m256; 4] = std::array::from_fn(|j| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * j)) });
-    let mut amax = _mm256_setzero_ps();
-    let mut non_finite = _mm256_setzero_ps();
-    for v in v {
-        let magnitude = _mm256_andnot_ps(sign, v);
-        amax = _mm256_max_ps(amax, magnitude);
-        // True for NaN (unordered) and infinities.
-        non_finite = _mm256_or_ps(non_finite, _mm256_cmp_ps::<_CMP_NLE_UQ>(magnitude, largest));
-    }
-    let mut lanes = [0f32; 8];
-    // SAFETY: 8 floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
-    let max = lanes.iter().fold(0f32, |a, &b| a.max(b));
-    // As for 256-value blocks: non-finite blocks and blocks too small for a finite inverse
-    // scale count as zero.
-    if _mm256_movemask_ps(non_finite) != 0 || !(127.0 / max).is_finite() {
+    let Some(max) = block_scale(x) else {
         *out = ActivationBlock32::ZERO;
         return;
-    }
-    let inverse = _mm256_set1_ps(127.0 / max);
-    let [a, b, c, d] = v.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, inverse)));
-    let packed = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)),
-        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
-    );
+    };
+    let packed = quantize32(x, _mm256_set1_ps(127.0 / max));
     // SAFETY: the 32 bytes of `qs`.
     unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr() as *mut __m256i, packed) };
     out.d = max / 127.0;
