@@ -26,9 +26,37 @@ use lycheemem_core::vector::exp_nonpositive;
 use std::cell::RefCell;
 use std::sync::Mutex;
 
-/// Query rows (group heads × positions) per block: the block's scores (rows × visible keys)
-/// stay within a core's L2 cache for a few thousand keys.
-const BLOCK_ROWS: usize = 48;
+/// The most query rows (group heads × positions) a block holds. Every block widens each span of
+/// its head's keys and values and has gemm pack it, so more rows share that work: prefill of an
+/// 8,192-token prompt on Qwen2.5-1.5B (2 threads, AVX2) went 45.3 → 51.2 → 54.2 → 54.1 tok/s
+/// at 48 → 192 → 384 → 768 rows per block (`results/llm-attention/NOTES.md`, "Session 53").
+const MAX_BLOCK_ROWS: usize = 384;
+
+/// The fewest query rows per block while the scores budget allows more (the size used before
+/// blocks grew with the context).
+const MIN_BLOCK_ROWS: usize = 48;
+
+/// Bytes of one block's scores (rows × visible keys, `f32`), which its thread keeps as scratch:
+/// long contexts get fewer rows per block (384 up to ~21,800 visible keys, 256 at 32,768).
+const BLOCK_SCORES_BYTES: usize = 32 << 20;
+
+/// Blocks wanted per worker thread, where a chunk has positions enough (load balance).
+const BLOCKS_PER_THREAD: usize = 4;
+
+/// Positions per block for `seq` new positions of `kv` key/value heads whose groups have
+/// `groups` query heads, against `visible` keys, on `threads` worker threads.
+fn positions_per_block(
+    seq: usize,
+    kv: usize,
+    groups: usize,
+    visible: usize,
+    threads: usize,
+) -> usize {
+    let rows = (BLOCK_SCORES_BYTES / std::mem::size_of::<f32>() / visible.max(1))
+        .clamp(MIN_BLOCK_ROWS, MAX_BLOCK_ROWS);
+    let balanced = (seq * kv).div_ceil(BLOCKS_PER_THREAD * threads.max(1));
+    (rows / groups).min(balanced).max(1)
+}
 
 /// A decode step whose group has at most this many query heads takes the direct path (each key
 /// and value read once, no GEMM packing).
@@ -278,7 +306,13 @@ pub(crate) fn causal_attention(heads: Heads, q: &[f32], cache: &Cache, seq: usiz
     assert!(cache.values.len() >= kv * cache.capacity * dim);
     let width = query * dim;
     let mut out = vec![0f32; seq * width];
-    let positions_per_block = (BLOCK_ROWS / groups).max(1);
+    let positions_per_block = positions_per_block(
+        seq,
+        kv,
+        groups,
+        cache.len,
+        candle_core::utils::get_num_threads(),
+    );
     let blocks: Vec<(usize, usize)> = (0..kv)
         .flat_map(|h| (0..seq).step_by(positions_per_block).map(move |p0| (h, p0)))
         .collect();
@@ -858,6 +892,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn blocks_grow_within_the_scores_budget_and_keep_every_thread_busy() {
+        // Qwen2.5-1.5B's heads (2 key/value heads of 6 query heads), a 512-position chunk.
+        assert_eq!(positions_per_block(512, 2, 6, 8192, 2), MAX_BLOCK_ROWS / 6);
+        for visible in [1, 600, 8192, 32_768, 131_072] {
+            for threads in [1, 2, 16] {
+                let p = positions_per_block(512, 2, 6, visible, threads);
+                let rows = p * 6;
+                assert!(p >= 1 && rows <= MAX_BLOCK_ROWS);
+                assert!(rows <= MIN_BLOCK_ROWS || rows * visible * 4 <= BLOCK_SCORES_BYTES);
+                assert!(2 * 512usize.div_ceil(p) >= BLOCKS_PER_THREAD * threads);
+            }
+        }
+        // A decode step: one position per block.
+        assert_eq!(positions_per_block(1, 2, 6, 4096, 2), 1);
     }
 
     #[test]
