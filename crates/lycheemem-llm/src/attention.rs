@@ -12,13 +12,16 @@
 //! are gathered into one small matrix, their scores against the visible keys computed by GEMMs
 //! (the scale folded in), softmax applied in place row by row (only the keys each row may see, a
 //! polynomial `exp`), and the values multiplied by further GEMMs; the normalization is applied to
-//! the output rows. The cache is read in spans of [`SPAN_KEYS`] positions, each widened from
-//! `f16` into a per-thread buffer that stays in a core's cache while the span is used (`f16`
-//! halves the bytes a long context's decode step reads). Keys are stored dimension-major within
-//! tiles of [`TILE_KEYS`] positions (see [`KvBuffers`]) and widened dimension-major, so a decode step (one position), which skips the GEMMs, scores 16 keys
-//! per vector of multiply-adds with no horizontal sums; values stay position-major and each value
-//! row is added into the group's outputs. Scratch buffers are per thread and reused, so a decode
-//! step allocates nothing but its output. Blocks of (key/value head, positions) run in parallel
+//! the output rows. For the GEMMs the cache is read in spans of [`SPAN_KEYS`] positions, each
+//! widened from `f16` into a per-thread buffer that stays in a core's cache while the span is
+//! used (`f16` halves the bytes a long context's decode step reads). Keys are stored
+//! dimension-major within tiles of [`TILE_KEYS`] (16) positions (see [`KvBuffers`]), so a
+//! decode step (one position), which skips the GEMMs, reads each tile front to back and scores
+//! its 16 keys per vector of multiply-adds with no horizontal sums, converting the `f16` values
+//! where they lie (`in_place`, where the CPU has F16C) instead of widening them first; values
+//! stay position-major and each value row is added into the group's outputs. Scratch buffers
+//! are per thread and reused, so a decode step allocates nothing but its output. Blocks of
+//! (key/value head, positions) run in parallel
 //! on candle's worker threads.
 
 use half::f16;
@@ -62,21 +65,23 @@ fn positions_per_block(
 /// and value read once, no GEMM packing).
 const DIRECT_ROWS: usize = 8;
 
-/// Cached positions per tile: the unit of the keys' layout (and of the cache's capacity).
-pub(crate) const TILE_KEYS: usize = 256;
+/// Cached positions per tile: the unit of the keys' layout (and of the cache's capacity). A
+/// tile of 16 keys holds each dimension's 16 values side by side (32 bytes), so a decode step
+/// reads a head's keys front to back, one vector of 16 keys per dimension.
+pub(crate) const TILE_KEYS: usize = KEY_LANES;
 
-/// Cached positions widened to `f32` at a time, a multiple of [`TILE_KEYS`]: 256 KB of keys or
-/// values at head dimension 128 (within a core's L2 cache). Spans start at multiples of this
-/// from position 0 whatever the block or the cache's length, and no GEMM sums over more than 512
-/// keys (gemm splits a longer inner dimension into blocks whose size depends on its length),
-/// so a row's sums never depend on the block or the moment it is computed in.
-const SPAN_KEYS: usize = 2 * TILE_KEYS;
+/// Cached positions widened to `f32` at a time for the GEMMs, a multiple of [`TILE_KEYS`]:
+/// 256 KB of keys or values at head dimension 128 (within a core's L2 cache). Spans start at
+/// multiples of this from position 0 whatever the block or the cache's length, and no GEMM sums
+/// over more than 512 keys (gemm splits a longer inner dimension into blocks whose size depends
+/// on its length), so a row's sums never depend on the block or the moment it is computed in.
+const SPAN_KEYS: usize = 512;
 
 /// Distance between the rows of a widened span of keys: a span's width plus one vector, so
 /// its rows do not all map to the same L1 cache sets (4 KB apart would).
 const SPAN_STRIDE: usize = SPAN_KEYS + KEY_LANES;
 
-/// Keys scored per vector of multiply-adds on the decode path (a divisor of [`TILE_KEYS`]).
+/// Keys scored per vector of multiply-adds on the decode path.
 const KEY_LANES: usize = 16;
 
 /// Output dimensions a decode step's value sums accumulate in registers at a time.
@@ -290,6 +295,13 @@ thread_local! {
 /// the new ones sees the cached keys `0..=len - seq + i`; query head `h` uses key/value head
 /// `h / (query / kv)`.
 pub(crate) fn causal_attention(heads: Heads, q: &[f32], cache: &Cache, seq: usize) -> Vec<f32> {
+    attention(heads, q, cache, seq, in_place::available(heads.dim))
+}
+
+/// [`causal_attention`]; `in_place`: decode steps read the `f16` cache where it lies (the CPU
+/// has the instructions, see [`in_place`]) instead of widening spans of it first. Both give the
+/// same bits.
+fn attention(heads: Heads, q: &[f32], cache: &Cache, seq: usize, in_place: bool) -> Vec<f32> {
     let Heads { query, kv, dim } = heads;
     let groups = query / kv;
     assert!(
@@ -324,7 +336,7 @@ pub(crate) fn causal_attention(heads: Heads, q: &[f32], cache: &Cache, seq: usiz
         for b in range {
             let (h, p0) = blocks[b];
             let p1 = (p0 + positions_per_block).min(seq);
-            let rows = block(heads, q, cache, seq, h, p0, p1);
+            let rows = block(heads, q, cache, seq, (h, p0, p1), in_place);
             *results[b].lock().unwrap_or_else(|e| e.into_inner()) = rows;
         }
     });
@@ -349,9 +361,8 @@ fn block(
     q: &[f32],
     cache: &Cache,
     seq: usize,
-    h: usize,
-    p0: usize,
-    p1: usize,
+    (h, p0, p1): (usize, usize, usize),
+    in_place: bool,
 ) -> Vec<f32> {
     let Heads { query, kv, dim } = heads;
     let groups = query / kv;
@@ -393,6 +404,14 @@ fn block(
         span.resize(SPAN_STRIDE * dim, 0.0);
         for first in (0..visible).step_by(SPAN_KEYS) {
             let n = SPAN_KEYS.min(visible - first);
+            if direct && in_place {
+                let tiles = &keys[first * dim..][..n.div_ceil(TILE_KEYS) * TILE_KEYS * dim];
+                // SAFETY: `in_place` is only set where `in_place::available` holds.
+                unsafe {
+                    in_place::key_scores(&mut scores[first..], visible, queries, tiles, n, scale)
+                };
+                continue;
+            }
             // The span's keys, dimension-major: row d holds dimension d of its n keys, gathered
             // from the tiles' rows.
             for (t, tile) in (first..first + n).step_by(TILE_KEYS).enumerate() {
@@ -433,9 +452,15 @@ fn block(
         out.resize(gemm_rows * dim, 0.0);
         for first in (0..visible).step_by(SPAN_KEYS) {
             let n = SPAN_KEYS.min(visible - first);
+            let weights = &scores[first..];
+            if direct && in_place {
+                let stored = &values[first * dim..][..n * dim];
+                // SAFETY: as for the keys above.
+                unsafe { in_place::weighted_values(out, weights, visible, stored, dim) };
+                continue;
+            }
             let span = &mut span[..n * dim];
             widen(span, &values[first * dim..][..n * dim]);
-            let weights = &scores[first..];
             if direct {
                 weighted_values(out, weights, visible, span, dim);
             } else {
@@ -700,6 +725,203 @@ fn weighted_values(out: &mut [f32], weights: &[f32], stride: usize, values: &[f3
     ))
 }
 
+/// The decode step's products read straight from the `f16` cache with F16C conversions: the
+/// same multiply-adds in the same order as [`key_scores`] and [`weighted_values`] over widened
+/// spans (the same bits), without writing and reading the `f32` copy. A session-52 version on
+/// tiles of 256 keys was slower in batched decoding (each 16 keys read 32 bytes from 128 rows
+/// 512 bytes apart); on tiles of 16 keys the reads run front to back.
+mod in_place {
+    use super::{KEY_LANES, TILE_KEYS};
+    use half::f16;
+
+    /// Whether this CPU runs the in-place products for heads of `dim` dimensions (a multiple of
+    /// 32: the widened path sums the dimensions past the last 32 in another order).
+    pub(super) fn available(dim: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            dim.is_multiple_of(32) && has!("avx2") && has!("fma") && has!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = dim;
+            false
+        }
+    }
+
+    /// [`super::key_scores`] for keys still in their tiles: `tiles` holds the tiles of keys
+    /// `0..n` (whole tiles), `queries` the rows (`dim` each).
+    ///
+    /// # Safety
+    /// [`available`] holds.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn key_scores(
+        scores: &mut [f32],
+        stride: usize,
+        queries: &[f32],
+        tiles: &[f16],
+        n: usize,
+        scale: f32,
+    ) {
+        let dim = tiles.len() / n.div_ceil(TILE_KEYS).max(1) / TILE_KEYS;
+        let count = queries.len() / dim.max(1);
+        for (t, tile) in tiles.chunks_exact(TILE_KEYS * dim).enumerate() {
+            let keys = (t * TILE_KEYS, KEY_LANES.min(n - t * TILE_KEYS));
+            let mut r0 = 0;
+            while count - r0 >= 6 {
+                key_rows::<6>(scores, stride, queries, tile, keys, r0, scale);
+                r0 += 6;
+            }
+            match count - r0 {
+                5 => key_rows::<5>(scores, stride, queries, tile, keys, r0, scale),
+                4 => key_rows::<4>(scores, stride, queries, tile, keys, r0, scale),
+                3 => key_rows::<3>(scores, stride, queries, tile, keys, r0, scale),
+                2 => key_rows::<2>(scores, stride, queries, tile, keys, r0, scale),
+                1 => key_rows::<1>(scores, stride, queries, tile, keys, r0, scale),
+                _ => {}
+            }
+        }
+    }
+
+    /// Not reached: [`available`] is false off x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(super) unsafe fn key_scores(
+        _: &mut [f32],
+        _: usize,
+        _: &[f32],
+        _: &[f16],
+        _: usize,
+        _: f32,
+    ) {
+        unreachable!("in-place attention products need x86-64")
+    }
+
+    /// Rows `r0..r0 + R` of the scores of one tile's keys `first..first + width`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn key_rows<const R: usize>(
+        scores: &mut [f32],
+        stride: usize,
+        queries: &[f32],
+        tile: &[f16],
+        (first, width): (usize, usize),
+        r0: usize,
+        scale: f32,
+    ) {
+        use std::arch::x86_64::*;
+        let dim = tile.len() / TILE_KEYS;
+        let queries = &queries[r0 * dim..][..R * dim];
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (d, keys) in tile.chunks_exact(TILE_KEYS).enumerate() {
+            // SAFETY: `keys` holds 16 f16 (32 bytes); unaligned loads.
+            let (k0, k1) = unsafe {
+                let p = keys.as_ptr().cast::<__m128i>();
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(p)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+                )
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let q = _mm256_set1_ps(queries[r * dim + d]);
+                acc[0] = _mm256_fmadd_ps(q, k0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(q, k1, acc[1]);
+            }
+        }
+        let scale = _mm256_set1_ps(scale);
+        for (r, acc) in acc.iter().enumerate() {
+            let mut lanes = [0f32; KEY_LANES];
+            // SAFETY: `lanes` holds 16 floats.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_mul_ps(scale, acc[0]));
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), _mm256_mul_ps(scale, acc[1]));
+            }
+            scores[(r0 + r) * stride + first..][..width].copy_from_slice(&lanes[..width]);
+        }
+    }
+
+    /// [`super::weighted_values`] for values still in the cache: `values` holds keys' values
+    /// `(keys, dim)` as stored.
+    ///
+    /// # Safety
+    /// [`available`] holds for `dim`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn weighted_values(
+        out: &mut [f32],
+        weights: &[f32],
+        stride: usize,
+        values: &[f16],
+        dim: usize,
+    ) {
+        let count = out.len() / dim.max(1);
+        for d0 in (0..dim).step_by(16) {
+            let mut r0 = 0;
+            while count - r0 >= 6 {
+                value_rows::<6>(out, weights, stride, values, dim, (r0, d0));
+                r0 += 6;
+            }
+            match count - r0 {
+                5 => value_rows::<5>(out, weights, stride, values, dim, (r0, d0)),
+                4 => value_rows::<4>(out, weights, stride, values, dim, (r0, d0)),
+                3 => value_rows::<3>(out, weights, stride, values, dim, (r0, d0)),
+                2 => value_rows::<2>(out, weights, stride, values, dim, (r0, d0)),
+                1 => value_rows::<1>(out, weights, stride, values, dim, (r0, d0)),
+                _ => {}
+            }
+        }
+    }
+
+    /// Not reached: [`available`] is false off x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(super) unsafe fn weighted_values(_: &mut [f32], _: &[f32], _: usize, _: &[f16], _: usize) {
+        unreachable!("in-place attention products need x86-64")
+    }
+
+    /// Rows `r0..r0 + R`, dimensions `d0..d0 + 16`, summed over all the keys in registers and
+    /// then added to `out`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn value_rows<const R: usize>(
+        out: &mut [f32],
+        weights: &[f32],
+        stride: usize,
+        values: &[f16],
+        dim: usize,
+        (r0, d0): (usize, usize),
+    ) {
+        use std::arch::x86_64::*;
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (j, value) in values.chunks_exact(dim).enumerate() {
+            let value = &value[d0..][..16];
+            // SAFETY: `value` holds 16 f16 (32 bytes); unaligned loads.
+            let (v0, v1) = unsafe {
+                let p = value.as_ptr().cast::<__m128i>();
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(p)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+                )
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let w = _mm256_set1_ps(weights[(r0 + r) * stride + j]);
+                acc[0] = _mm256_fmadd_ps(w, v0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(w, v1, acc[1]);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let row = &mut out[(r0 + r) * dim + d0..][..16];
+            // SAFETY: `row` holds 16 floats; unaligned loads and stores.
+            unsafe {
+                let p = row.as_mut_ptr();
+                _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), acc[0]));
+                _mm256_storeu_ps(p.add(8), _mm256_add_ps(_mm256_loadu_ps(p.add(8)), acc[1]));
+            }
+        }
+    }
+}
+
 /// Replaces `row[..sees]` by `e^(x - max)` and zeroes the rest (keys the row may not see);
 /// returns the sum of the exponentials.
 fn softmax_prefix(row: &mut [f32], sees: usize) -> f32 {
@@ -890,6 +1112,39 @@ mod tests {
                         "{heads:?}: positions {from}..{to} differ from the whole prompt's"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_steps_give_the_same_bits_in_place_as_from_widened_spans() {
+        if !in_place::available(64) {
+            return; // Nothing to compare on this CPU: only the widened path exists.
+        }
+        // Qwen2.5-1.5B's shape, SmolLM2's grouping, Qwen2.5-0.5B's seven heads per group, and
+        // one head per group.
+        for (query, kv, dim) in [(12, 2, 128), (9, 3, 64), (14, 2, 64), (4, 4, 32)] {
+            let heads = Heads { query, kv, dim };
+            let capacity = 1024;
+            let keys = halves(values(kv * capacity * dim, 11));
+            let vals = halves(values(kv * capacity * dim, 12));
+            for len in [1, 15, 16, 17, 511, 512, 513, 700, 1024] {
+                let cache = Cache {
+                    keys: &keys,
+                    values: &vals,
+                    capacity,
+                    len,
+                };
+                let q = values(query * dim, len as u64);
+                let widened = attention(heads, &q, &cache, 1, false);
+                let direct = attention(heads, &q, &cache, 1, true);
+                assert!(
+                    widened
+                        .iter()
+                        .zip(&direct)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{heads:?}, {len} keys: the in-place products differ"
+                );
             }
         }
     }
