@@ -731,6 +731,7 @@ fn weighted_values(out: &mut [f32], weights: &[f32], stride: usize, values: &[f3
 /// tiles of 256 keys was slower in batched decoding (each 16 keys read 32 bytes from 128 rows
 /// 512 bytes apart); on tiles of 16 keys the reads run front to back.
 mod in_place {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
     use super::{KEY_LANES, TILE_KEYS};
     use half::f16;
 
