@@ -735,6 +735,28 @@ mod in_place {
     use super::{KEY_LANES, TILE_KEYS};
     use half::f16;
 
+    /// Calls `$rows::<R>(args…, r0)` for the rows `0..$count` in groups of six (`R` = 6), then
+    /// once for the rest (`R` < 6), `r0` being each group's first row.
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! in_groups_of_six {
+        ($count:expr, $rows:ident($($arg:expr),*)) => {{
+            let count = $count;
+            let mut r0 = 0;
+            while count - r0 >= 6 {
+                $rows::<6>($($arg,)* r0);
+                r0 += 6;
+            }
+            match count - r0 {
+                5 => $rows::<5>($($arg,)* r0),
+                4 => $rows::<4>($($arg,)* r0),
+                3 => $rows::<3>($($arg,)* r0),
+                2 => $rows::<2>($($arg,)* r0),
+                1 => $rows::<1>($($arg,)* r0),
+                _ => {}
+            }
+        }};
+    }
+
     /// Whether this CPU runs the in-place products for heads of `dim` dimensions (a multiple of
     /// 32: the widened path sums the dimensions past the last 32 in another order).
     pub(super) fn available(dim: usize) -> bool {
@@ -769,19 +791,7 @@ mod in_place {
         let count = queries.len() / dim.max(1);
         for (t, tile) in tiles.chunks_exact(TILE_KEYS * dim).enumerate() {
             let keys = (t * TILE_KEYS, KEY_LANES.min(n - t * TILE_KEYS));
-            let mut r0 = 0;
-            while count - r0 >= 6 {
-                key_rows::<6>(scores, stride, queries, tile, keys, r0, scale);
-                r0 += 6;
-            }
-            match count - r0 {
-                5 => key_rows::<5>(scores, stride, queries, tile, keys, r0, scale),
-                4 => key_rows::<4>(scores, stride, queries, tile, keys, r0, scale),
-                3 => key_rows::<3>(scores, stride, queries, tile, keys, r0, scale),
-                2 => key_rows::<2>(scores, stride, queries, tile, keys, r0, scale),
-                1 => key_rows::<1>(scores, stride, queries, tile, keys, r0, scale),
-                _ => {}
-            }
+            in_groups_of_six!(count, key_rows(scores, stride, queries, tile, keys, scale));
         }
     }
 
@@ -808,8 +818,8 @@ mod in_place {
         queries: &[f32],
         tile: &[f16],
         (first, width): (usize, usize),
-        r0: usize,
         scale: f32,
+        r0: usize,
     ) {
         use std::arch::x86_64::*;
         let dim = tile.len() / TILE_KEYS;
@@ -858,19 +868,7 @@ mod in_place {
     ) {
         let count = out.len() / dim.max(1);
         for d0 in (0..dim).step_by(16) {
-            let mut r0 = 0;
-            while count - r0 >= 6 {
-                value_rows::<6>(out, weights, stride, values, dim, (r0, d0));
-                r0 += 6;
-            }
-            match count - r0 {
-                5 => value_rows::<5>(out, weights, stride, values, dim, (r0, d0)),
-                4 => value_rows::<4>(out, weights, stride, values, dim, (r0, d0)),
-                3 => value_rows::<3>(out, weights, stride, values, dim, (r0, d0)),
-                2 => value_rows::<2>(out, weights, stride, values, dim, (r0, d0)),
-                1 => value_rows::<1>(out, weights, stride, values, dim, (r0, d0)),
-                _ => {}
-            }
+            in_groups_of_six!(count, value_rows(out, weights, stride, values, dim, d0));
         }
     }
 
@@ -891,7 +889,8 @@ mod in_place {
         stride: usize,
         values: &[f16],
         dim: usize,
-        (r0, d0): (usize, usize),
+        d0: usize,
+        r0: usize,
     ) {
         use std::arch::x86_64::*;
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
