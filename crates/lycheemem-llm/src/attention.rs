@@ -323,7 +323,9 @@ fn attention(heads: Heads, q: &[f32], cache: &Cache, seq: usize, in_place: bool)
         kv,
         groups,
         cache.len,
-        candle_core::utils::get_num_threads(),
+        // The pool that runs the blocks: its workers and the calling thread. (candle's
+        // `get_num_threads` reads the environment and parses /proc/cpuinfo on every call.)
+        candle_core::utils::barrier_pool().n_workers() + 1,
     );
     let blocks: Vec<(usize, usize)> = (0..kv)
         .flat_map(|h| (0..seq).step_by(positions_per_block).map(move |p0| (h, p0)))
